@@ -1,0 +1,50 @@
+"""What a policy is: a small object that looks at the engine state and names the next work.
+
+A policy never sleeps, times or touches MLX, so the same object drives the simulator and the real
+engine, and a spot check compares like with like.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from sim.state import EngineState
+from sim.work import Decode, Work
+
+
+class PolicyError(ValueError):
+    """Bad policy name or parameter; the message says which and why."""
+
+
+class Policy(Protocol):
+    name: str
+
+    def schedule(self, state: EngineState) -> list[Work]:
+        """The calls of the next iteration, in order; [] when there is nothing to do now."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """The knobs the seeds' loops differ in, shared by every policy."""
+    budget: int | None = None  # prompt tokens per iteration (prefill_max_step); None = whole prompt
+    batch_size: int = 4  # maximum number of requests decoding at once
+    decode: str = "batched"  # "batched": one call for all; "single": one call per request (meTile)
+    order: str = "chunk-first"  # "chunk-first" (tiny-llm) or "decode-first" (meTile chunked)
+
+    def __post_init__(self) -> None:
+        if self.budget is not None and self.budget < 1:
+            raise PolicyError(f"budget must be a positive number of tokens, got {self.budget}")
+        if self.batch_size < 1:
+            raise PolicyError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.decode not in ("batched", "single"):
+            raise PolicyError(f"decode must be 'batched' or 'single', got {self.decode!r}")
+        if self.order not in ("chunk-first", "decode-first"):
+            raise PolicyError(f"order must be 'chunk-first' or 'decode-first', got {self.order!r}")
+
+    def decodes(self, rids: list[str]) -> list[Work]:
+        """One batched call, or one call per request."""
+        if not rids:
+            return []
+        if self.decode == "batched":
+            return [Decode(tuple(rids), True)]
+        return [Decode((rid,), False) for rid in rids]

@@ -1,0 +1,50 @@
+"""chunked and eager: tiny-llm's Day 2 and Day 1 loops, and meTile's chunked and eager.
+
+Each iteration: the one pending request (the oldest queued) prefills at most `budget` tokens;
+once its prefill is done it takes a free decode slot, and waits for one if the batch is full,
+holding back the next prefill. Then one decode for every request in a slot. `order` puts the
+decodes before the chunk (meTile) or after it (tiny-llm, where a request that finishes its
+prefill joins the same iteration's decode). eager is chunked with no budget: a whole prompt in
+one call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from policies.base import Options
+from sim.state import EngineState
+from sim.work import Prefill, Work
+
+
+@dataclass
+class Chunked:
+    opts: Options = field(default_factory=lambda: Options(budget=128))
+    name: str = "chunked"
+
+    def schedule(self, state: EngineState) -> list[Work]:
+        o = self.opts
+        ready = _head(state.ready, o.batch_size + 1)
+        slots, blocked = ready[:o.batch_size], len(ready) > o.batch_size
+        chunk: list[Work] = []
+        if state.queued and not blocked:
+            s = next(iter(state.queued.values()))
+            n = min(s.prefill_left, o.budget or s.prefill_left)
+            chunk = [Prefill(s.rid, n)]
+            joins = o.order == "chunk-first" and n == s.prefill_left and s.output_left > 1
+            if joins and len(slots) < o.batch_size:
+                slots = slots + [s.rid]
+        decodes = o.decodes(slots)
+        return chunk + decodes if o.order == "chunk-first" else decodes + chunk
+
+
+def _head(d: dict, n: int) -> list[str]:
+    out = []
+    for k in d:
+        out.append(k)
+        if len(out) == n:
+            break
+    return out
+
+
+def eager(opts: Options) -> Chunked:
+    return Chunked(Options(None, opts.batch_size, opts.decode, opts.order), "eager")

@@ -1,0 +1,22 @@
+"""fifo: one request at a time, its whole prefill then all its decodes (the meTile FIFO reference)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from policies.base import Options
+from sim.state import EngineState
+from sim.work import Prefill, Work
+
+
+@dataclass
+class Fifo:
+    opts: Options = field(default_factory=Options)
+    name: str = "fifo"
+
+    def schedule(self, state: EngineState) -> list[Work]:
+        if state.ready:  # the one request in service is decoding
+            return self.opts.decodes([next(iter(state.ready))])
+        if state.queued:
+            s = next(iter(state.queued.values()))
+            return [Prefill(s.rid, min(s.prefill_left, self.opts.budget or s.prefill_left))]
+        return []

@@ -1,0 +1,135 @@
+"""Arguments several commands share: the trace, the policy grid, the profile, the SLO."""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import policies
+from sim.costmodel import BUILTIN, check_profile_matches, cost_model, load_profile
+from sim.metrics import Slo, parse_slo
+from traces.load import resolve
+from traces.trace import Trace
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def add_trace_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("trace")
+    g.add_argument("--trace", default="tinyllm",
+                   help="a generator (tinyllm, poisson, gamma, metile) or a trace file (default: tinyllm)")
+    g.add_argument("--num-seqs", type=positive_int, help="tinyllm: number of requests (default 8)")
+    g.add_argument("--num-requests", type=positive_int, help="poisson/gamma: number of requests")
+    g.add_argument("--rate", type=positive_float, help="poisson/gamma: requests per second")
+    g.add_argument("--burstiness", type=positive_float, help="gamma: 1 = Poisson, >1 burstier")
+    g.add_argument("--min-in", type=positive_int)
+    g.add_argument("--max-in", type=positive_int)
+    g.add_argument("--min-out", type=positive_int)
+    g.add_argument("--max-out", type=positive_int)
+    g.add_argument("--prompt-len", type=positive_int, help="metile: prompt tokens of A and B")
+    g.add_argument("--output-len", type=positive_int, help="metile: outputs of A and B")
+    g.add_argument("--seed", type=int, help="generator seed (default 0)")
+
+
+GEN_OPTIONS = {
+    "tinyllm": ("num_seqs", "min_in", "max_in", "min_out", "max_out", "seed"),
+    "poisson": ("num_requests", "rate", "min_in", "max_in", "min_out", "max_out", "seed"),
+    "gamma": ("num_requests", "rate", "burstiness", "min_in", "max_in", "min_out", "max_out", "seed"),
+    "metile": ("prompt_len", "output_len", "seed"),
+}
+
+
+def trace_from_args(args: argparse.Namespace) -> Trace:
+    names = GEN_OPTIONS.get(args.trace, ())
+    return resolve(args.trace, **{k: getattr(args, k) for k in names})
+
+
+def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
+    n = "+" if many else None
+    g = p.add_argument_group("policy" + (" grid (several values make several settings)" if many else ""))
+    g.add_argument("--policy", nargs=n, default=["chunked"] if many else "chunked",
+                   help=f"one of: {', '.join(policies.POLICIES)} (default chunked)")
+    g.add_argument("--budget", nargs=n, type=positive_int, default=[128] if many else 128,
+                   help="prompt tokens per iteration, the chunk budget (default 128)")
+    g.add_argument("--batch-size", nargs=n, type=positive_int, default=[4] if many else 4,
+                   help="maximum requests decoding at once (default 4)")
+    g.add_argument("--decode", nargs=n, choices=["batched", "single"], default=["batched"] if many else "batched",
+                   help="batched: one call for all; single: one call per request")
+    g.add_argument("--order", nargs=n, choices=["chunk-first", "decode-first"],
+                   default=["chunk-first"] if many else "chunk-first")
+
+
+def settings_from_args(args: argparse.Namespace) -> list[dict]:
+    """The grid of settings the arguments name; eager ignores budgets, so it appears once."""
+    as_list = lambda v: v if isinstance(v, list) else [v]
+    out, seen = [], set()
+    for pol, bud, bs, dec, order in itertools.product(as_list(args.policy), as_list(args.budget),
+                                                       as_list(args.batch_size), as_list(args.decode),
+                                                       as_list(args.order)):
+        s = {"policy": pol, "budget": None if pol == "eager" else bud, "batch_size": bs,
+             "decode": dec, "order": order}
+        policies.make(**s)  # fail early on a bad setting
+        key = tuple(s.values())
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+
+def setting_label(s: dict) -> str:
+    parts = [s["policy"]] + ([f"b{s['budget']}"] if s.get("budget") else []) + [f"bs{s['batch_size']}"]
+    if s.get("decode", "batched") != "batched":
+        parts.append(s["decode"])
+    if s.get("order", "chunk-first") != "chunk-first":
+        parts.append(s["order"])
+    return "/".join(parts)
+
+
+def add_profile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", help="cost profile JSON from `pdsim calibrate` (default: the built-in "
+                                     "illustrative profile, shaped like Qwen3-0.6B on an Apple M4 Pro)")
+    p.add_argument("--model", help="refuse a profile made for another model")
+    p.add_argument("--force", action="store_true", help="use a profile for another model or device anyway")
+
+
+def profile_from_args(args: argparse.Namespace) -> dict:
+    prof = load_profile(args.profile or BUILTIN)
+    for w in check_profile_matches(prof, getattr(args, "model", None), force=getattr(args, "force", False)):
+        print(f"warning: {w}")
+    return prof
+
+
+def cost_from_args(args: argparse.Namespace):
+    prof = profile_from_args(args)
+    if prof.get("illustrative"):
+        print("note: using the built-in ILLUSTRATIVE profile (not measured on this machine); "
+              "run `pdsim calibrate` for real figures")
+    return prof, cost_model(prof)
+
+
+def add_slo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--slo", nargs="+", default=[], metavar="KEY:MS",
+                   help="per-request goodput targets, e.g. ttft:2000 tpot:100 e2el:10000")
+    p.add_argument("--stall-ms", type=positive_float, default=100.0,
+                   help="a gap above this counts as a stall (default 100 ms)")
+
+
+def slo_from_args(args: argparse.Namespace) -> Slo | None:
+    return parse_slo(args.slo) if args.slo else None

@@ -1,0 +1,20 @@
+"""`pdsim policies`: the policies and the options they take."""
+from __future__ import annotations
+
+import argparse
+
+import policies
+
+
+def add_parser(sub) -> None:
+    sub.add_parser("policies", help="list the scheduling policies and their options")
+
+
+def run(args: argparse.Namespace) -> int:
+    print("policies:")
+    for name, (doc, _) in policies.POLICIES.items():
+        print(f"  {name:8s} {doc}")
+    print("options (every policy):")
+    for name, doc in policies.OPTION_HELP.items():
+        print(f"  --{name.replace('_', '-'):12s} {doc}")
+    return 0

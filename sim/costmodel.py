@@ -1,0 +1,145 @@
+"""Cost models: how long each engine call takes, in seconds, from its shape alone.
+
+The linear forms are physically motivated: a prefill chunk of L tokens at a cache offset P pays
+a fixed launch cost, a per-token cost (weights, MLP) and attention over the prefix and its own
+causal triangle, L*(P + L/2); a decode step pays a fixed cost, a per-request cost and attention
+over every request's context. A profile may instead ask for interpolation over its measured grid.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+PREFILL_FORM = "a + b*L + c*L*(prefix + L/2)"
+DECODE_FORM = "a + b*batch + c*sum(context)"
+BUILTIN = Path(__file__).parent / "data" / "illustrative-m4pro-qwen3-0.6b.json"
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message names the file and the problem."""
+
+
+class CostModel(Protocol):
+    iteration: float  # host work per scheduler iteration (policy, bookkeeping), seconds
+    join: float  # a request merging into the batch decode cache
+    leave: float  # a request leaving it
+
+    def prefill(self, chunk: int, prefix: int) -> float: ...
+
+    def decode(self, contexts: Sequence[int]) -> float: ...
+
+
+def prefill_features(chunk, prefix):
+    chunk, prefix = np.asarray(chunk, float), np.asarray(prefix, float)
+    return np.stack([np.ones_like(chunk), chunk, chunk * (prefix + chunk / 2)], axis=-1)
+
+
+def decode_features(batch, context_sum):
+    batch, context_sum = np.asarray(batch, float), np.asarray(context_sum, float)
+    return np.stack([np.ones_like(batch), batch, context_sum], axis=-1)
+
+
+@dataclass
+class LinearCostModel:
+    prefill_coef: tuple[float, float, float]
+    decode_coef: tuple[float, float, float]
+    iteration: float = 0.0
+    join: float = 0.0
+    leave: float = 0.0
+
+    def prefill(self, chunk: int, prefix: int) -> float:
+        a, b, c = self.prefill_coef
+        return a + b * chunk + c * chunk * (prefix + chunk / 2)
+
+    def decode(self, contexts: Sequence[int]) -> float:
+        a, b, c = self.decode_coef
+        return a + b * len(contexts) + c * sum(contexts)
+
+
+@dataclass
+class GridCostModel:
+    """Linear interpolation over measured grid points, for shapes the linear form fits badly.
+
+    Prefill interpolates over (chunk, prefix); decode over (batch, mean context). Outside the grid
+    it falls back to the linear form, so a long trace never hits a hole.
+    """
+    linear: LinearCostModel
+    prefill_points: np.ndarray  # rows: chunk, prefix, seconds
+    decode_points: np.ndarray  # rows: batch, mean context, seconds
+    iteration: float = 0.0
+    join: float = 0.0
+    leave: float = 0.0
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        from scipy.interpolate import LinearNDInterpolator
+        self._pf = LinearNDInterpolator(self.prefill_points[:, :2], self.prefill_points[:, 2])
+        self._dc = LinearNDInterpolator(self.decode_points[:, :2], self.decode_points[:, 2])
+
+    def prefill(self, chunk: int, prefix: int) -> float:
+        key = ("p", chunk, prefix)
+        if key not in self._cache:
+            v = float(self._pf(chunk, prefix))
+            self._cache[key] = v if np.isfinite(v) else self.linear.prefill(chunk, prefix)
+        return self._cache[key]
+
+    def decode(self, contexts: Sequence[int]) -> float:
+        v = float(self._dc(len(contexts), sum(contexts) / len(contexts)))
+        return v if np.isfinite(v) else self.linear.decode(contexts)
+
+
+REQUIRED = ("model", "device", "cost")
+
+
+def load_profile(path: str | Path) -> dict:
+    """Read and check a profile JSON; raise ProfileError with one line on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"profile {path}: no such file")
+    try:
+        prof = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProfileError(f"profile {path}: not valid JSON ({e})") from None
+    if not isinstance(prof, dict):
+        raise ProfileError(f"profile {path}: expected a JSON object")
+    for key in REQUIRED:
+        if key not in prof:
+            raise ProfileError(f"profile {path}: missing required field {key!r}")
+    cost = prof["cost"]
+    for key in ("prefill", "decode"):
+        coef = cost.get(key, {}).get("coef") if isinstance(cost.get(key), dict) else None
+        if not (isinstance(coef, list) and len(coef) == 3 and all(isinstance(x, (int, float)) for x in coef)):
+            raise ProfileError(f"profile {path}: missing required field 'cost.{key}.coef' (three numbers)")
+    if "name" not in prof["model"]:
+        raise ProfileError(f"profile {path}: missing required field 'model.name'")
+    prof["_path"] = str(path)
+    return prof
+
+
+def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
+    """The cost model a profile asks for (`cost.use`: "fit", the default, or "grid")."""
+    c = prof["cost"]
+    lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]),
+                          float(c.get("iteration", 0.0)), float(c.get("join", 0.0)), float(c.get("leave", 0.0)))
+    if c.get("use", "fit") == "grid":
+        return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),
+                             lin.iteration, lin.join, lin.leave)
+    return lin
+
+
+def check_profile_matches(prof: dict, model: str | None = None, device: str | None = None,
+                          force: bool = False) -> list[str]:
+    """Refuse a profile made for another model or device; with force, return warnings instead."""
+    problems = []
+    if model and prof["model"]["name"] != model:
+        problems.append(f"profile {prof.get('_path', '')} is for model {prof['model']['name']!r}, not {model!r}")
+    have = prof["device"].get("id")
+    if device and have and have != device:
+        problems.append(f"profile {prof.get('_path', '')} was measured on {have!r}, this is {device!r}")
+    if problems and not force:
+        raise ProfileError(problems[0] + " (pass --force to use it anyway)")
+    return problems

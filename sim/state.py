@@ -1,0 +1,154 @@
+"""The engine state machine shared by the simulator and the real engine.
+
+It admits arrivals, checks and applies each call a policy asked for, tracks every request's
+progress and writes the event log. It never decides anything (policies do) and never measures
+time (executors hand it start and end times).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.log import Call, EventLog, RequestInfo
+from sim.work import Decode, Prefill, Work
+from traces.trace import Request, Trace
+
+
+class EngineError(RuntimeError):
+    """A policy asked for work that the engine cannot do (a bug in the policy)."""
+
+
+@dataclass
+class RequestState:
+    req: Request
+    prefilled: int = 0  # prompt tokens in the cache
+    generated: int = 0  # tokens emitted (the first comes from the last prefill chunk)
+
+    @property
+    def rid(self) -> str:
+        return self.req.id
+
+    @property
+    def prefill_left(self) -> int:
+        return self.req.prompt_len - self.prefilled
+
+    @property
+    def output_left(self) -> int:
+        return self.req.output_len - self.generated
+
+    @property
+    def context(self) -> int:
+        """Tokens the next decode step attends to: the prompt, the outputs so far."""
+        return self.req.prompt_len + self.generated
+
+
+class EngineState:
+    """What the engine holds: requests queued for prefill, requests ready to decode, the log.
+
+    `queued` holds arrived requests whose prefill is not finished, in arrival order; `ready` holds
+    requests whose prefill is done and which still owe tokens, in order of prefill completion.
+    Policies read both (and `now`) and must not modify them.
+    """
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.now = 0.0
+        self.iteration = 0
+        self.queued: dict[str, RequestState] = {}
+        self.ready: dict[str, RequestState] = {}
+        self.batch: tuple[str, ...] = ()  # members of the batch decode cache after the last batched call
+        self.finished = 0
+        self.arrived = 0
+        self.log = EventLog()
+        for r in trace.requests:
+            self.log.requests[r.id] = RequestInfo(r.id, r.arrival, r.prompt_len, r.output_len, r.prefilled)
+            self.log.tokens[r.id] = []
+
+    @property
+    def done(self) -> bool:
+        return self.finished == len(self.trace.requests)
+
+    @property
+    def next_arrival(self) -> float | None:
+        """Arrival time of the next request not yet admitted, or None."""
+        reqs = self.trace.requests
+        return reqs[self.arrived].arrival if self.arrived < len(reqs) else None
+
+    def admit(self, upto: float) -> int:
+        """Admit every request that has arrived by time `upto`; return how many."""
+        reqs, n = self.trace.requests, 0
+        while self.arrived < len(reqs) and reqs[self.arrived].arrival <= upto:
+            r = reqs[self.arrived]
+            s = RequestState(r)
+            if r.prefilled:  # prefill and first token happened before the clock started
+                s.prefilled, s.generated = r.prompt_len, 1
+                self.log.tokens[r.id].append(r.arrival)
+                self.ready[r.id] = s
+            else:
+                self.queued[r.id] = s
+            self.arrived += 1
+            n += 1
+        return n
+
+    def batch_change(self, work: Decode) -> tuple[int, int]:
+        """How many requests join and leave the batch cache if `work` runs next."""
+        if not work.batched:
+            return 0, 0
+        new, old = set(work.rids), set(self.batch)
+        return len(new - old), len(old - new)
+
+    def check(self, work: Work) -> None:
+        """Raise EngineError if `work` cannot run now."""
+        if isinstance(work, Prefill):
+            s = self.queued.get(work.rid)
+            if s is None:
+                raise EngineError(f"prefill of {work.rid!r}: not queued (not arrived, or already prefilled)")
+            if not 1 <= work.tokens <= s.prefill_left:
+                raise EngineError(f"prefill of {work.rid!r}: {work.tokens} tokens, {s.prefill_left} left")
+        elif isinstance(work, Decode):
+            if not work.rids:
+                raise EngineError("decode with no requests")
+            if len(set(work.rids)) != len(work.rids):
+                raise EngineError(f"decode lists a request twice: {work.rids}")
+            for rid in work.rids:
+                if rid not in self.ready:
+                    raise EngineError(f"decode of {rid!r}: its prefill has not finished, or it is done")
+        else:
+            raise EngineError(f"unknown work {work!r}")
+
+    def apply(self, work: Work, start: float, end: float) -> None:
+        """Record that `work` ran from `start` to `end`, and advance the requests it touched."""
+        if start < self.now or end < start:
+            raise EngineError(f"time went backwards: call [{start}, {end}] after {self.now}")
+        self.check(work)
+        self.now = end
+        tokens = self.log.tokens
+        if isinstance(work, Prefill):
+            s = self.queued[work.rid]
+            self.log.calls.append(Call("prefill", start, end, (work.rid,), work.tokens, s.prefilled,
+                                       iteration=self.iteration))
+            s.prefilled += work.tokens
+            if s.prefill_left == 0:
+                del self.queued[work.rid]
+                s.generated = 1
+                tokens[work.rid].append(end)
+                self._ready_or_finish(s)
+            return
+        joined, left = self.batch_change(work)
+        contexts = tuple(self.ready[rid].context for rid in work.rids)
+        self.log.calls.append(Call("decode", start, end, work.rids, len(work.rids), 0, contexts,
+                                   joined, left, self.iteration))
+        if work.batched:
+            self.batch = work.rids
+        for rid in work.rids:
+            s = self.ready[rid]
+            s.generated += 1
+            tokens[rid].append(end)
+            if s.output_left == 0:
+                del self.ready[rid]
+                self.finished += 1
+
+    def _ready_or_finish(self, s: RequestState) -> None:
+        if s.output_left == 0:
+            self.finished += 1
+        else:
+            self.ready[s.rid] = s

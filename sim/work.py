@@ -1,0 +1,25 @@
+"""The two kinds of engine call a policy can ask for. Both executors run exactly these."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """Run the next `tokens` prompt tokens of one request, at its current cache offset."""
+    rid: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Decode:
+    """One decode step producing one token for each request in `rids`.
+
+    batched=True runs them as one call on a shared batch cache (requests join and leave it);
+    batched=False is a call on the request's own cache (meTile's one-request-at-a-time decode).
+    """
+    rids: tuple[str, ...]
+    batched: bool = True
+
+
+Work = Prefill | Decode

@@ -1,0 +1,102 @@
+"""Synthetic traces: the tiny-llm benchmark trace, explicit arrivals, Poisson and gamma processes.
+
+Every generator is deterministic in its seed, and records its parameters in the trace's metadata.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from traces.trace import Request, Trace, TraceError
+
+QWEN3_VOCAB = 151936
+
+
+def tinyllm(num_seqs: int = 8, min_in: int = 64, max_in: int = 512, min_out: int = 32, max_out: int = 32,
+            seed: int = 0, vocab: int = QWEN3_VOCAB) -> Trace:
+    """The tiny-llm chunked-prefill benchmark trace: all requests arrive at t=0.
+
+    Draw order per request (prompt length, output budget, then the prompt ids) follows the seed's
+    benchmark, so seed 0 gives prompt lengths 496, 376, 510, 270, 181, 127, 342, 164.
+    """
+    _check_range("prompt length", min_in, max_in)
+    _check_range("output length", min_out, max_out)
+    rng = random.Random(seed)
+    reqs = []
+    for i in range(num_seqs):
+        n_in = rng.randint(min_in, max_in)
+        n_out = rng.randint(min_out, max_out)
+        ids = tuple(rng.randint(256, vocab - 1) for _ in range(n_in))
+        reqs.append(Request(str(i), 0.0, n_in, n_out, ids))
+    meta = {"source": "tinyllm", "num_seqs": num_seqs, "min_in": min_in, "max_in": max_in,
+            "min_out": min_out, "max_out": max_out, "seed": seed, "vocab": vocab}
+    return Trace(reqs, meta)
+
+
+def fixed(arrivals: list[float], prompt_lens: list[int], output_lens: list[int], seed: int = 0,
+          vocab: int = QWEN3_VOCAB, ids: list[str] | None = None, prefilled: list[str] = ()) -> Trace:
+    """Explicit arrivals; requests named in `prefilled` start with their prefill already done."""
+    if not (len(arrivals) == len(prompt_lens) == len(output_lens)):
+        raise TraceError("fixed trace: arrivals, prompt lengths and output lengths differ in count")
+    names = ids or [str(i) for i in range(len(arrivals))]
+    rng = random.Random(seed)
+    reqs = [Request(names[i], float(a), int(p), int(o), tuple(rng.randint(256, vocab - 1) for _ in range(int(p))),
+                    prefilled=names[i] in prefilled)
+            for i, (a, p, o) in enumerate(zip(arrivals, prompt_lens, output_lens))]
+    reqs.sort(key=lambda r: r.arrival)
+    meta = {"source": "fixed", "arrivals": list(arrivals), "prompt_lens": list(prompt_lens),
+            "output_lens": list(output_lens), "seed": seed, "prefilled": list(prefilled)}
+    return Trace(reqs, meta)
+
+
+def metile_ab(prompt_len: int = 4096, output_len: int = 1024, seed: int = 0) -> Trace:
+    """The meTile A/B experiment: at t=0 request A is already decoding and request B arrives.
+
+    A's prefill and first token happen before the clock starts, so A has `output_len - 1` timed
+    outputs and B has `output_len`, as in the seed (2,047 timed outputs for 1,024 each).
+    """
+    return fixed([0.0, 0.0], [prompt_len, prompt_len], [output_len, output_len], seed,
+                 ids=["A", "B"], prefilled=["A"])
+
+
+def poisson(num_requests: int = 100, rate: float = 1.0, min_in: int = 64, max_in: int = 512,
+            min_out: int = 32, max_out: int = 128, seed: int = 0) -> Trace:
+    """Poisson arrivals at `rate` requests/s with uniform lengths."""
+    return gamma(num_requests, rate, 1.0, min_in, max_in, min_out, max_out, seed, source="poisson")
+
+
+def gamma(num_requests: int = 100, rate: float = 1.0, burstiness: float = 1.0, min_in: int = 64,
+          max_in: int = 512, min_out: int = 32, max_out: int = 128, seed: int = 0,
+          source: str = "gamma") -> Trace:
+    """Gamma inter-arrivals with mean 1/rate; burstiness is 1/shape (1 = Poisson, >1 burstier).
+
+    The same convention as vLLM's serving benchmark, so a burstiness figure means the same thing.
+    """
+    if rate <= 0:
+        raise TraceError(f"{source} trace: rate must be > 0 requests/s, got {rate}")
+    if burstiness <= 0:
+        raise TraceError(f"{source} trace: burstiness must be > 0, got {burstiness}")
+    if num_requests < 1:
+        raise TraceError(f"{source} trace: need at least 1 request, got {num_requests}")
+    _check_range("prompt length", min_in, max_in)
+    _check_range("output length", min_out, max_out)
+    rng = np.random.default_rng(seed)
+    shape = 1.0 / burstiness
+    gaps = rng.gamma(shape, 1.0 / (rate * shape), size=num_requests)
+    gaps[0] = 0.0
+    arrivals = np.cumsum(gaps)
+    p = rng.integers(min_in, max_in + 1, size=num_requests)
+    o = rng.integers(min_out, max_out + 1, size=num_requests)
+    reqs = [Request(str(i), float(arrivals[i]), int(p[i]), int(o[i])) for i in range(num_requests)]
+    meta = {"source": source, "num_requests": num_requests, "rate": rate, "burstiness": burstiness,
+            "min_in": min_in, "max_in": max_in, "min_out": min_out, "max_out": max_out, "seed": seed}
+    return Trace(reqs, meta)
+
+
+def _check_range(what: str, lo: int, hi: int) -> None:
+    if lo < 1 or hi < lo:
+        raise TraceError(f"{what} range {lo}..{hi} is empty or below 1")
+
+
+GENERATORS = {"tinyllm": tinyllm, "poisson": poisson, "gamma": gamma, "metile": metile_ab}
