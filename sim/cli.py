@@ -26,8 +26,15 @@ def user_errors() -> tuple[type[BaseException], ...]:
             ValueError)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and still exit code 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pdsim", description="Choose a prefill chunk budget and scheduling "
+    p = Parser(prog="pdsim", description="Choose a prefill chunk budget and scheduling "
                                 "policy: calibrate MLX kernels, simulate traces, confirm on the real engine.")
     sub = p.add_subparsers(dest="command", required=True)
     for name in COMMANDS:

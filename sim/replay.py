@@ -17,11 +17,15 @@ from traces.trace import Trace
 
 def call_cost(cost: CostModel, state: EngineState, work: Work) -> float:
     """Seconds that `work` takes on the modelled engine, from the shapes the state gives it."""
-    if isinstance(work, Prefill):
-        return cost.prefill(work.tokens, state.queued[work.rid].prefilled)
-    joined, left = state.batch_change(work)
-    t = cost.decode([state.ready[rid].context for rid in work.rids])
-    return t + joined * cost.join + left * cost.leave
+    try:
+        if isinstance(work, Prefill):
+            return cost.prefill(work.tokens, state.queued[work.rid].prefilled)
+        joined, left = state.batch_change(work)
+        t = cost.decode([state.ready[rid].context for rid in work.rids])
+        return t + joined * cost.join + left * cost.leave
+    except (KeyError, AttributeError):
+        state.check(work)  # raises EngineError saying what the policy got wrong
+        raise
 
 
 def simulate(trace: Trace, policy: Policy, cost: CostModel) -> EventLog:
@@ -51,13 +55,12 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel) -> EventLog:
                 yield wake[0]
                 continue
             state.iteration += 1
-            if cost.iteration:
-                yield env.timeout(cost.iteration)
+            overhead = cost.iteration  # host work before the iteration's first call
             for item in work:
-                state.check(item)
-                start = env.now
-                yield env.timeout(call_cost(cost, state, item))
+                start = env.now + overhead
+                yield env.timeout(overhead + call_cost(cost, state, item))
                 state.apply(item, start, env.now)
+                overhead = 0.0
 
     env.process(arrivals())
     proc = env.process(engine())

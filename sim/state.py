@@ -91,7 +91,7 @@ class EngineState:
 
     def batch_change(self, work: Decode) -> tuple[int, int]:
         """How many requests join and leave the batch cache if `work` runs next."""
-        if not work.batched:
+        if not work.batched or work.rids == self.batch:
             return 0, 0
         new, old = set(work.rids), set(self.batch)
         return len(new - old), len(old - new)
@@ -134,18 +134,19 @@ class EngineState:
                 self._ready_or_finish(s)
             return
         joined, left = self.batch_change(work)
-        contexts = tuple(self.ready[rid].context for rid in work.rids)
-        self.log.calls.append(Call("decode", start, end, work.rids, len(work.rids), 0, contexts,
+        contexts = []
+        for rid in work.rids:
+            s = self.ready[rid]
+            contexts.append(s.context)
+            s.generated += 1
+            tokens[rid].append(end)
+            if s.generated == s.req.output_len:
+                del self.ready[rid]
+                self.finished += 1
+        self.log.calls.append(Call("decode", start, end, work.rids, len(work.rids), 0, tuple(contexts),
                                    joined, left, self.iteration))
         if work.batched:
             self.batch = work.rids
-        for rid in work.rids:
-            s = self.ready[rid]
-            s.generated += 1
-            tokens[rid].append(end)
-            if s.output_left == 0:
-                del self.ready[rid]
-                self.finished += 1
 
     def _ready_or_finish(self, s: RequestState) -> None:
         if s.output_left == 0:

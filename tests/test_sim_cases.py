@@ -1,0 +1,96 @@
+"""Hand-checked runs: two requests, a linear cost model, every time written down in advance.
+
+Cost: prefill(L) = 1 + L seconds, decode = 1 second per call, no overheads. Both requests arrive
+at t=0 with 4 prompt tokens and 3 outputs.
+"""
+import pytest
+
+import policies
+from sim.costmodel import LinearCostModel
+from sim.metrics import decode_gaps, nearest_rank, score
+from sim.replay import simulate
+from traces.generators import fixed
+
+COST = LinearCostModel((1.0, 1.0, 0.0), (1.0, 0.0, 0.0))
+TRACE = fixed([0.0, 0.0], [4, 4], [3, 3])
+
+
+def run(**setting):
+    return simulate(TRACE, policies.make(**setting), COST)
+
+
+def test_fifo_serves_one_request_at_a_time():
+    log = run(policy="fifo", batch_size=2)
+    assert log.tokens == {"0": [5, 6, 7], "1": [12, 13, 14]}
+    m = score(log)
+    assert list(decode_gaps(log)) == [1, 1]  # 7 -> 13 is idle for decodes: no request was active
+    assert m["p50_ttft_ms"] == pytest.approx((5 + 12) / 2 * 1e3)
+    assert m["makespan_s"] == 14
+    assert m["output_tok_s"] == pytest.approx(6 / 14)
+
+
+def test_eager_prefills_whole_prompt_and_batches_decodes():
+    log = run(policy="eager", batch_size=2)
+    assert log.tokens == {"0": [5, 6, 12], "1": [11, 12, 13]}
+    assert [c.rids for c in log.calls if c.kind == "decode"] == [("0",), ("0", "1"), ("1",)]
+    assert list(decode_gaps(log)) == [6, 1]
+    m = score(log)
+    assert m["decode_gap_max_ms"] == 6000
+    assert m["makespan_s"] == 13
+
+
+def test_chunked_bounds_the_gap_and_delays_first_token():
+    log = run(policy="chunked", budget=2, batch_size=2)
+    assert [(c.kind, c.rids, c.tokens, c.prefix) for c in log.calls] == [
+        ("prefill", ("0",), 2, 0), ("prefill", ("0",), 2, 2), ("decode", ("0",), 1, 0),
+        ("prefill", ("1",), 2, 0), ("decode", ("0",), 1, 0), ("prefill", ("1",), 2, 2),
+        ("decode", ("1",), 1, 0), ("decode", ("1",), 1, 0)]
+    assert log.tokens == {"0": [6, 7, 11], "1": [14, 15, 16]}
+    assert list(decode_gaps(log)) == [4, 1]
+    m = score(log)
+    assert m["decode_gap_max_ms"] == 4000  # eager's was 6000
+    assert m["p50_ttft_ms"] == pytest.approx((6 + 14) / 2 * 1e3)
+    assert m["makespan_s"] == 16
+
+
+def test_decode_first_order_and_single_decodes_follow_metile():
+    trace = fixed([0.0, 0.0], [4, 4], [3, 3], ids=["A", "B"], prefilled=["A"])
+    log = simulate(trace, policies.make("chunked", 2, 2, "single", "decode-first"), COST)
+    # A decodes before each of B's chunks; A's first token (t=0) was produced before the clock
+    assert [(c.kind, c.rids) for c in log.calls[:4]] == [
+        ("decode", ("A",)), ("prefill", ("B",)), ("decode", ("A",)), ("prefill", ("B",))]
+    m = score(log)
+    assert m["resume_gap_max_ms"] == 1000  # A resumes one decode call after B arrives
+    assert m["output_tokens"] == 5  # A's pre-clock token is not counted
+    assert m["p50_ttft_ms"] == pytest.approx(8000)  # B alone: 1 + 3 + 1 + 3
+
+
+def test_iteration_overhead_and_batch_membership_costs_are_charged():
+    cost = LinearCostModel((1.0, 1.0, 0.0), (1.0, 0.0, 0.0), iteration=0.5, join=0.25, leave=0.125)
+    log = simulate(TRACE, policies.make("eager", None, 2), cost)
+    calls = [(c.kind, c.start, c.end, c.joined, c.left) for c in log.calls]
+    assert calls == [("prefill", 0.5, 5.5, 0, 0), ("decode", 5.5, 6.75, 1, 0),
+                     ("prefill", 7.25, 12.25, 0, 0), ("decode", 12.25, 13.5, 1, 0),
+                     ("decode", 14.0, 15.125, 0, 1)]
+
+
+def test_idle_engine_waits_for_the_next_arrival():
+    trace = fixed([0.0, 100.0], [4, 4], [2, 2])
+    log = simulate(trace, policies.make("chunked", 8, 2), COST)
+    assert log.tokens == {"0": [5, 6], "1": [105, 106]}
+    assert list(decode_gaps(log)) == []  # the only gap spans idle time
+
+
+def test_nearest_rank_percentile():
+    assert nearest_rank([5, 1, 4, 2, 3], 0.95) == 5
+    assert nearest_rank([5, 1, 4, 2, 3], 0.5) == 3
+    assert nearest_rank(list(range(1, 101)), 0.95) == 95
+
+
+def test_stalls_and_goodput():
+    from sim.metrics import Slo
+    log = run(policy="eager", batch_size=2)
+    m = score(log, Slo(ttft=6000), stall_ms=2000)
+    # per-request gaps: 0: 1, 6; 1: 1, 1 -> one stall of 6 s, 4 s above the threshold
+    assert (m["stall_count"], m["stall_excess_s"]) == (1, 4.0)
+    assert m["goodput_req_s"] == pytest.approx(1 / 13)  # request 0 meets ttft<=6 s, request 1 (11 s) not
