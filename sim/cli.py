@@ -1,4 +1,7 @@
-"""`pdsim`: one entry point; each subcommand lives in `sim/commands/`.
+"""`pdsim`: one entry point; each subcommand is a module with `add_parser(sub)` and `run(args)`.
+
+Simulation commands live in `sim/commands/`; the ones that run MLX live in `calibrate/` and set
+`NEEDS_MLX = True`, which switches to an optimized BLAS before MLX is imported.
 
 Errors a user can cause (bad input, missing files, mismatched profiles) print one line and exit 2;
 Ctrl-C exits 130 after whatever was measured has been saved.
@@ -9,7 +12,13 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ["simulate", "policies_cmd", "traces_cmd"]
+COMMANDS = {
+    "simulate": "sim.commands.simulate",
+    "policies": "sim.commands.policies_cmd",
+    "traces": "sim.commands.traces_cmd",
+    "calibrate": "calibrate.cmd_calibrate",
+    "confirm": "calibrate.cmd_confirm",
+}
 
 
 class UserError(Exception):
@@ -37,15 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="pdsim", description="Choose a prefill chunk budget and scheduling "
                                 "policy: calibrate MLX kernels, simulate traces, confirm on the real engine.")
     sub = p.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
-        importlib.import_module(f"sim.commands.{name}").add_parser(sub)
+    for module in COMMANDS.values():
+        importlib.import_module(module).add_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args = parser.parse_args(argv)
-    module = importlib.import_module(f"sim.commands.{_module_of(args.command)}")
+    module = importlib.import_module(COMMANDS[args.command])
+    if getattr(module, "NEEDS_MLX", False):
+        from calibrate.blas import ensure_fast_blas
+        ensure_fast_blas(argv)
     try:
         return module.run(args)
     except user_errors() as e:
@@ -54,10 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"pdsim {args.command}: interrupted; results measured so far were kept", file=sys.stderr)
         return 130
-
-
-def _module_of(command: str) -> str:
-    return command if command in COMMANDS else f"{command}_cmd"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""Calibration end to end: build the model, time the grid, fit, write the profile."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from calibrate.cmd_calibrate import default_profile_path, stamp
+from calibrate.fit import fit_profile
+from calibrate.grid import Grid
+from calibrate.host import host_info
+from calibrate.model import build_model
+from calibrate.profiler import run_grid
+from sim.cli import UserError
+from sim.files import atomic_write_json
+
+
+def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", quant_bits: int | None = None,
+              weights: str | None = None, seed: int = 0, overwrite: bool = False, progress: bool = True) -> dict:
+    host = host_info()
+    out = out or default_profile_path(model, host["kind"])
+    if out.exists() and not overwrite:
+        raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or choose another path)")
+    t0 = time.perf_counter()
+    lm = build_model(model, dtype=dtype, quant_bits=quant_bits, weights=weights)
+    build_s = time.perf_counter() - t0
+    need = grid.max_context()
+    if need > lm.max_context:
+        raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
+    header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
+              "device": host["id"], "grid": grid.to_dict(), "seed": seed}
+    partial = out.with_name(out.name + ".partial.jsonl")
+    samples = run_grid(lm, grid, partial, header, seed=seed, progress=progress)
+    fitted = fit_profile(samples, seed=seed)
+    prof = {
+        "pdsim_profile": 1,
+        "illustrative": False,
+        "created": stamp(),
+        "model": {"name": model, "shapes": lm.config, "dtype": dtype, "quant_bits": quant_bits,
+                  "weights": lm.source, "max_context": lm.max_context},
+        "device": host,
+        "grid": grid.to_dict(),
+        "build_s": build_s,
+        "calibrate_s": time.perf_counter() - t0,
+        **fitted,
+        "samples": samples,
+    }
+    atomic_write_json(out, prof, overwrite=overwrite)
+    partial.unlink(missing_ok=True)
+    prof["_path"] = str(out)
+    return prof

@@ -1,0 +1,61 @@
+"""`pdsim calibrate`: time the real engine's steps on this device and write a cost profile."""
+from __future__ import annotations
+
+import argparse
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+NEEDS_MLX = True
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="time the real engine's steps (MLX) and fit a cost profile",
+                       description="Time prefill chunks and decode steps of a Qwen3 model on this device "
+                                   "over a grid, fit the cost model, and write a profile JSON.")
+    add_model_args(p)
+    p.add_argument("-o", "--out", help="profile to write (default profiles/MODEL-DEVICE.json)")
+    p.add_argument("--quick", action="store_true", help="the quick grid (minutes on a laptop CPU)")
+    p.add_argument("--grid", choices=["quick", "full", "tiny"], help="grid to time (default full; --quick = quick)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the point order and the held-out split")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing profile")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="qwen3-0.6b",
+                   help="qwen3-0.6b | qwen3-1.7b | qwen3-4b | qwen3-8b | qwen3-tiny (default qwen3-0.6b)")
+    p.add_argument("--weights", help="real weights: a local Hugging Face snapshot directory, or 'hf-cache' "
+                                     "(offline lookup); default: random weights in the official shapes")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="weights and activations (default float32: bf16 is slow on CPUs)")
+    p.add_argument("--quant-bits", type=int, choices=[4, 8], help="quantize weights (mlx.nn.quantize)")
+
+
+def default_profile_path(model: str, device_kind: str) -> Path:
+    return Path("profiles") / f"{model}-{device_kind}.json"
+
+
+def run(args: argparse.Namespace) -> int:
+    from calibrate.calibration import calibrate
+    from calibrate.grid import GRIDS
+    grid_name = args.grid or ("quick" if args.quick else "full")
+    out = Path(args.out) if args.out else None
+    t0 = time.perf_counter()
+    prof = calibrate(args.model, GRIDS[grid_name], out, dtype=args.dtype, quant_bits=args.quant_bits,
+                     weights=args.weights, seed=args.seed, overwrite=args.overwrite)
+    wall = time.perf_counter() - t0
+    print(f"calibrated {prof['model']['name']} ({prof['model']['dtype']}) on {prof['device']['name']}, "
+          f"BLAS: {prof['device']['blas']}")
+    print(f"grid {grid_name}: {len(prof['samples'])} points in {wall:.0f} s")
+    for step, e in prof["fit"]["errors"].items():
+        print(f"  {step:8s} held-out relative error ({e['held_out']} points): form mean {e['form_mean']:.1%} "
+              f"max {e['form_max']:.1%}; grid interpolation mean {e['grid_mean']:.1%} max {e['grid_max']:.1%}")
+    c = prof["cost"]
+    print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms, join {c['join'] * 1e3:.2f} ms, "
+          f"leave {c['leave'] * 1e3:.2f} ms; the profile uses: {c['use']}")
+    print(f"wrote {prof['_path']}")
+    return 0
+
+
+def stamp() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,58 @@
+"""`pdsim confirm`: re-run settings on the real engine and print predicted against measured."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sim.commands.common import (add_policy_args, add_trace_args, positive_float, positive_int,
+                                 settings_from_args, trace_from_args)
+
+NEEDS_MLX = True
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("confirm", help="run settings on the real engine (MLX) and compare with the prediction",
+                       description="Spot-check the simulator: run each setting on the real MLX engine "
+                                   "(correctness gate, fresh process per run, alternating order, medians) "
+                                   "and print predicted vs measured, metric by metric.")
+    p.add_argument("--profile", required=True, help="profile from `pdsim calibrate` (names the model)")
+    p.add_argument("--force", action="store_true", help="accept a profile measured on another device")
+    add_trace_args(p)
+    add_policy_args(p, many=True)
+    p.add_argument("--repeats", type=positive_int, default=4, help="fresh-process runs per setting (default 4)")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up passes inside each process (default 1)")
+    p.add_argument("--cooldown", type=float, default=0.0, help="seconds to rest between runs")
+    p.add_argument("--stall-ms", type=positive_float, default=100.0)
+    p.add_argument("--tolerance", type=positive_float,
+                   help="exit 1 if any |relative error| exceeds this (e.g. 0.1)")
+    p.add_argument("-o", "--out", required=True, help="report JSON (never overwritten)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from calibrate.confirm import confirm
+    from sim.costmodel import load_profile
+    from sim.table import table
+    prof = load_profile(args.profile)
+    trace = trace_from_args(args)
+    settings = settings_from_args(args)
+    report = confirm(prof, trace, settings, Path(args.out), args.repeats, args.warmup, args.cooldown,
+                     args.force, args.stall_ms)
+    print(f"gate: chunked logits match one-shot (rtol=atol=1e-3): "
+          f"{all(g['ok'] for g in report['gate']['logits'])}; identical greedy tokens across settings: "
+          f"{report['gate']['greedy_tokens_identical']} (timed runs: {report['gate']['timed_runs_identical_tokens']})")
+    worst = 0.0
+    for res in report["results"]:
+        rows = []
+        for k, m in res["measured"].items():
+            err = res["rel_error"][k]
+            worst = max(worst, abs(err)) if k != "resume_gap_max_ms" else worst
+            rows.append({"metric": k, "predicted": res["predicted"][k], "measured": m["median"],
+                         "range": f"{m['min']:.1f}..{m['max']:.1f}", "error": f"{err:+.1%}"})
+        print(f"\n{res['label']}  ({args.repeats} runs)")
+        print(table(rows, ["metric", "predicted", "measured", "range", "error"],
+                    ["metric", "predicted", "measured (median)", "min..max", "rel. error"]))
+    print(f"\nwrote {args.out} ({report['wall_s']:.0f} s)")
+    if args.tolerance and worst > args.tolerance:
+        print(f"largest |relative error| {worst:.1%} exceeds --tolerance {args.tolerance:.1%}")
+        return 1
+    return 0

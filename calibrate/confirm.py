@@ -1,0 +1,165 @@
+"""Spot checks: run settings on the real engine by the seeds' protocol, and score the prediction.
+
+Protocol: a correctness gate first; each (setting, repeat) in a fresh process; forward order on
+even repeats and reverse on odd ones; optional cooldown; medians across processes. Finished runs
+are kept in `<report>.runs/`, so an interrupted confirm resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+import policies
+from calibrate.gate import chunked_logits_match
+from calibrate.host import host_info
+from calibrate.model import build_model
+from calibrate.executor import prompt_tokens
+from calibrate.worker import warmup_trace
+from sim.cli import UserError
+from sim.commands.common import setting_label
+from sim.costmodel import check_profile_matches, cost_model
+from sim.files import atomic_write_json
+from sim.log import EventLog
+from sim.metrics import score
+from sim.replay import simulate
+from traces.trace import Request, Trace
+
+COMPARED = ["decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "p99_itl_ms",
+            "max_itl_ms", "resume_gap_max_ms", "p50_ttft_ms", "p95_ttft_ms", "output_tok_s", "makespan_s"]
+
+
+def model_spec(prof: dict) -> dict:
+    m = prof["model"]
+    return {"name": m["name"], "dtype": m.get("dtype", "float32"), "quant_bits": m.get("quant_bits"),
+            "weights": m.get("weights")}
+
+
+def check_inputs(prof: dict, trace: Trace, out: Path, host: dict, force: bool) -> None:
+    if out.exists():
+        raise UserError(f"{out} exists; not overwriting it (choose another report path)")
+    for w in check_profile_matches(prof, device=host["id"], force=force):
+        print(f"warning: {w}")
+    limit = prof["model"].get("max_context")
+    longest = max(r.prompt_len + r.output_len for r in trace.requests)
+    if limit and longest > limit:
+        raise UserError(f"trace needs {longest} tokens of context; {prof['model']['name']} allows {limit}")
+
+
+def gate(prof: dict, trace: Trace, settings: list[dict]) -> dict:
+    """Chunked vs one-shot logits for every budget; identical greedy tokens across settings."""
+    spec = model_spec(prof)
+    lm = build_model(spec["name"], dtype="float32", weights=spec["weights"] if spec["weights"] not in (None, "random") else None)
+    req = max(trace.requests[:4], key=lambda r: r.prompt_len)
+    prompt = prompt_tokens(req, lm.vocab_size)
+    budgets = sorted({s["budget"] for s in settings if s.get("budget")} or {max(1, len(prompt) // 3)})
+    logits = [chunked_logits_match(lm, prompt[:min(len(prompt), 2 * b + 1)], b) for b in budgets]
+    from calibrate.executor import RealEngine
+    engine, short = RealEngine(lm), warmup_trace(trace, n=3, outputs=6)
+    outs = [engine.run(short, policies.make(**s)).outputs for s in settings]
+    same = all(o == outs[0] for o in outs)
+    return {"logits": logits, "greedy_tokens_identical": same,
+            "ok": same and all(g["ok"] for g in logits)}
+
+
+def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup: int, cooldown: float,
+            runs_dir: Path) -> list[dict]:
+    """Every (setting, repeat) in its own process, alternating order; returns the runs in run order."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    trace_path = runs_dir / "trace.jsonl"
+    if not trace_path.exists():
+        trace.save_jsonl(trace_path)
+    order = []
+    for r in range(repeats):
+        seq = settings if r % 2 == 0 else list(reversed(settings))
+        order += [(r, s) for s in seq]
+    runs = []
+    for r, s in tqdm(order, desc="confirming", unit="run"):
+        label = setting_label(s)
+        out = runs_dir / f"r{r}-{label.replace('/', '_')}.json"
+        if not out.exists():
+            spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup}
+            spec_path = out.with_suffix(".spec.json")
+            spec_path.write_text(json.dumps(spec))
+            p = subprocess.run([sys.executable, "-m", "calibrate.worker", str(spec_path), str(out)],
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+                raise UserError(f"run {label} repeat {r} failed: {tail}")
+            spec_path.unlink()
+            if cooldown:
+                time.sleep(cooldown)
+        data = json.loads(out.read_text())
+        runs.append({"label": label, "setting": s, "repeat": r, **data})
+    return runs
+
+
+def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], stall_ms: float = 100.0) -> list[dict]:
+    """Predicted (simulator) against measured (median, min, max over repeats), per setting and metric."""
+    cost = cost_model(prof)
+    results = []
+    for s in settings:
+        label = setting_label(s)
+        predicted = score(simulate(trace, policies.make(**s), cost), stall_ms=stall_ms)
+        mine = [r for r in runs if r["label"] == label]
+        for r in mine:
+            r["metrics"] = score(EventLog.from_dict(r["log"]), stall_ms=stall_ms)
+        measured, errors = {}, {}
+        for k in COMPARED:
+            vals = [r["metrics"].get(k, math.nan) for r in mine]
+            vals = [v for v in vals if not math.isnan(v)]
+            if not vals or math.isnan(predicted.get(k, math.nan)):
+                continue
+            med = statistics.median(vals)
+            measured[k] = {"median": med, "min": min(vals), "max": max(vals)}
+            errors[k] = relative_error(predicted[k], med)
+        results.append({"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
+                        "measured": measured, "rel_error": errors})
+    return results
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured; signed, so the direction of a miss is visible."""
+    if measured == 0:
+        return 0.0 if predicted == 0 else math.inf
+    return (predicted - measured) / abs(measured)
+
+
+def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: int = 4, warmup: int = 1,
+            cooldown: float = 0.0, force: bool = False, stall_ms: float = 100.0) -> dict:
+    host = host_info()
+    check_inputs(prof, trace, out, host, force)
+    t0 = time.perf_counter()
+    g = gate(prof, trace, settings)
+    if not g["ok"]:
+        raise UserError(f"correctness gate failed: {json.dumps(g)}")
+    runs = run_all(prof, trace, settings, repeats, warmup, cooldown, out.with_name(out.name + ".runs"))
+    results = compare(prof, trace, settings, runs, stall_ms)
+    first = {}
+    for r in runs:  # every run of every setting must produce the same greedy tokens
+        first.setdefault("outputs", r["outputs"])
+    g["timed_runs_identical_tokens"] = all(r["outputs"] == first["outputs"] for r in runs)
+    report = {
+        "pdsim_confirm": 1,
+        "trace": trace.to_dict(),
+        "host": host,
+        "profile": {"path": prof.get("_path"), "model": prof["model"], "device": prof["device"],
+                    "cost": {k: v for k, v in prof["cost"].items() if k not in ("prefill", "decode")} |
+                    {k: {"coef": prof["cost"][k]["coef"]} for k in ("prefill", "decode")}},
+        "settings": settings,
+        "protocol": {"repeats": repeats, "warmup": warmup, "cooldown_s": cooldown, "fresh_process": True,
+                     "order": [[r["repeat"], r["label"]] for r in runs]},
+        "gate": g,
+        "results": results,
+        "runs": [{k: r[k] for k in ("label", "repeat", "setting", "metrics", "log", "outputs", "wall_s", "idle_s")}
+                 for r in runs],
+        "wall_s": time.perf_counter() - t0,
+    }
+    atomic_write_json(out, report)
+    return report

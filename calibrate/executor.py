@@ -1,0 +1,102 @@
+"""The real engine: runs a policy's work on MLX, on the same engine state machine as the simulator.
+
+The loop is the simulator's, with the wall clock instead of a cost model: admit what has arrived,
+ask the policy, run each call, hand the state its start and end times. Times are taken with
+`time.perf_counter()` after the step functions have evaluated their results.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+from calibrate.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
+from calibrate.model import LoadedModel
+from policies.base import Policy
+from sim.log import EventLog
+from sim.state import EngineError, EngineState
+from sim.work import Decode, Prefill, Work
+from traces.trace import Request, Trace
+
+
+def prompt_tokens(req: Request, vocab: int) -> list[int]:
+    """The request's prompt ids, folded into the model's vocabulary; made up (seeded by id) if absent."""
+    if req.prompt_ids is not None:
+        return [t % vocab for t in req.prompt_ids]
+    rng = random.Random(f"prompt:{req.id}")
+    return [rng.randrange(min(256, vocab - 1), vocab) for _ in range(req.prompt_len)]
+
+
+@dataclass
+class RealRun:
+    log: EventLog
+    outputs: dict[str, list[int]]  # greedy token ids per request
+    idle_s: float = 0.0  # time spent waiting for arrivals
+
+
+@dataclass
+class RealEngine:
+    lm: LoadedModel
+    caches: dict[str, Cache] = field(default_factory=dict)
+
+    def run(self, trace: Trace, policy: Policy, on_call=None) -> RealRun:
+        """Serve `trace` under `policy` in real time; requests arrive at their trace times."""
+        state = EngineState(trace)
+        self.caches, self.batch = {}, DecodeBatch(self.lm)
+        self.prompts = {r.id: prompt_tokens(r, self.lm.vocab_size) for r in trace.requests}
+        self.outputs: dict[str, list[int]] = {r.id: [] for r in trace.requests}
+        for r in trace.requests:  # prefilled requests: prefill and first token before the clock
+            if r.prefilled:
+                self.caches[r.id] = new_cache(self.lm)
+                self.outputs[r.id].append(prefill_chunk(self.lm, self.caches[r.id], self.prompts[r.id])[0])
+        idle, t0 = 0.0, time.perf_counter()
+        clock = lambda: time.perf_counter() - t0
+        while not state.done:
+            state.admit(clock())
+            work = policy.schedule(state)
+            if not work:
+                nxt = state.next_arrival
+                if nxt is None:
+                    raise EngineError(f"policy {policy.name!r} returned no work with requests unserved")
+                wait = max(0.0, nxt - clock())
+                time.sleep(wait)
+                idle += wait
+                continue
+            state.iteration += 1
+            for item in work:
+                state.check(item)
+                start = clock()
+                self._run(item, state)
+                state.apply(item, start, clock())
+                self._free_finished(item, state)
+                if on_call:
+                    on_call(state)
+        return RealRun(state.log, self.outputs, idle)
+
+    def _run(self, work: Work, state: EngineState) -> None:
+        if isinstance(work, Prefill):
+            s = state.queued[work.rid]
+            cache = self.caches.setdefault(work.rid, new_cache(self.lm))
+            chunk = self.prompts[work.rid][s.prefilled:s.prefilled + work.tokens]
+            token, _ = prefill_chunk(self.lm, cache, chunk)
+            if work.tokens == s.prefill_left:  # the last chunk gives the first token
+                self.outputs[work.rid].append(token)
+            return
+        assert isinstance(work, Decode)
+        last = [self.outputs[rid][-1] for rid in work.rids]
+        if work.batched:
+            self.batch.sync(list(work.rids), self.caches)
+            tokens = self.batch.step(last)
+        else:
+            if any(rid in self.batch.ids for rid in work.rids):  # take it out of the batch cache first
+                self.batch.sync([r for r in self.batch.ids if r not in work.rids], self.caches)
+            tokens = [decode_one(self.lm, self.caches[rid], tok) for rid, tok in zip(work.rids, last)]
+        for rid, tok in zip(work.rids, tokens):
+            self.outputs[rid].append(tok)
+
+    def _free_finished(self, work: Work, state: EngineState) -> None:
+        """Drop finished requests' own caches (the batch filters them out at its next change)."""
+        rids = (work.rid,) if isinstance(work, Prefill) else work.rids
+        for rid in rids:
+            if rid not in state.queued and rid not in state.ready:
+                self.caches.pop(rid, None)

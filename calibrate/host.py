@@ -1,0 +1,57 @@
+"""What machine and software a measurement ran on, for profiles and reports."""
+from __future__ import annotations
+
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+import mlx.core as mx
+
+from calibrate.blas import blas_in_use
+
+
+def _cpu_name() -> str:
+    if platform.system() == "Darwin":
+        import subprocess
+        try:
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                                  text=True, timeout=5).stdout.strip() or platform.processor()
+        except OSError:
+            return platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(pkg: str) -> str:
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def host_info() -> dict:
+    """Device, chip/CPU, OS, library versions and BLAS; `id` is what profiles are matched on."""
+    import os
+    dev = mx.default_device()
+    kind = "gpu" if dev.type == mx.gpu else "cpu"
+    cpu = _cpu_name()
+    cores = os.cpu_count() or 0
+    info = {
+        "kind": kind,
+        "name": f"{kind} ({cpu}, {cores} cores)" if kind == "cpu" else f"{kind} ({cpu})",
+        "cpu": cpu,
+        "cores": cores,
+        "os": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "mlx": _version("mlx"),
+        "mlx_lm": _version("mlx-lm"),
+        "blas": blas_in_use() if kind == "cpu" else "n/a (GPU)",
+    }
+    info["id"] = f"{kind}:{cpu}:{cores}" if kind == "cpu" else f"{kind}:{cpu}"
+    return info

@@ -1,0 +1,52 @@
+"""One timed run in a fresh process: `python -m calibrate.worker SPEC.json OUT.json`.
+
+The measurement protocol wants every (setting, repeat) in its own process, so no run inherits
+another's allocator, caches or warmed-up kernels. The spec names the model, the trace file and the
+setting; the result (event log, greedy tokens, host) is written atomically.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import policies
+from calibrate.executor import RealEngine
+from calibrate.host import host_info
+from calibrate.model import build_model
+from sim.files import atomic_write_json
+from traces.trace import Request, Trace, load_jsonl
+
+
+def warmup_trace(trace: Trace, n: int = 2, outputs: int = 4) -> Trace:
+    """The first requests of the trace with few outputs: every kernel shape family runs once."""
+    reqs = [Request(r.id, 0.0, r.prompt_len, min(r.output_len, outputs), r.prompt_ids, prefilled=r.prefilled)
+            for r in trace.requests[:n]]
+    return Trace(reqs, {"source": "warmup"})
+
+
+def run_spec(spec: dict) -> dict:
+    m = spec["model"]
+    lm = build_model(m["name"], dtype=m.get("dtype", "float32"), quant_bits=m.get("quant_bits"),
+                     weights=m.get("weights") if m.get("weights") not in (None, "random") else None)
+    trace = load_jsonl(spec["trace_path"])
+    engine = RealEngine(lm)
+    policy = policies.make(**spec["setting"])
+    for _ in range(spec.get("warmup", 1)):
+        engine.run(warmup_trace(trace), policy)
+    t0 = time.perf_counter()
+    run = engine.run(trace, policy)
+    return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
+            "wall_s": time.perf_counter() - t0, "host": host_info(), "setting": spec["setting"]}
+
+
+def main() -> int:
+    spec_path, out_path = sys.argv[1], sys.argv[2]
+    with open(spec_path) as f:
+        spec = json.load(f)
+    atomic_write_json(out_path, run_spec(spec), overwrite=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
