@@ -10,7 +10,7 @@ from calibrate.grid import Grid
 from calibrate.host import host_info
 from calibrate.model import build_model
 from calibrate.profiler import run_grid
-from sim.cli import UserError
+from sim.errors import UserError
 from sim.files import atomic_write_json
 
 

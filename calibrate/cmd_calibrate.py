@@ -17,6 +17,11 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--out", help="profile to write (default profiles/MODEL-DEVICE.json)")
     p.add_argument("--quick", action="store_true", help="the quick grid (minutes on a laptop CPU)")
     p.add_argument("--grid", choices=["quick", "full", "tiny"], help="grid to time (default full; --quick = quick)")
+    p.add_argument("--chunks", type=int, nargs="+", help="override the grid's prefill chunk sizes")
+    p.add_argument("--offsets", type=int, nargs="+", help="override the grid's prefill cache offsets")
+    p.add_argument("--batches", type=int, nargs="+", help="override the grid's decode batch sizes")
+    p.add_argument("--contexts", type=int, nargs="+", help="override the grid's decode context lengths")
+    p.add_argument("--repeats", type=int, help="override the timed repeats per point")
     p.add_argument("--seed", type=int, default=0, help="seed of the point order and the held-out split")
     p.add_argument("--overwrite", action="store_true", help="replace an existing profile")
 
@@ -36,12 +41,20 @@ def default_profile_path(model: str, device_kind: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from calibrate.calibration import calibrate
     from calibrate.grid import GRIDS
     grid_name = args.grid or ("quick" if args.quick else "full")
+    overrides = {k: getattr(args, k) for k in ("chunks", "offsets", "batches", "contexts", "repeats")
+                 if getattr(args, k) is not None}
+    for k, v in overrides.items():
+        if any(x < (0 if k == "offsets" else 1) for x in (v if isinstance(v, list) else [v])):
+            raise ValueError(f"--{k} {v}: values must be >= {0 if k == 'offsets' else 1}")
+    grid = replace(GRIDS[grid_name], **overrides)
     out = Path(args.out) if args.out else None
     t0 = time.perf_counter()
-    prof = calibrate(args.model, GRIDS[grid_name], out, dtype=args.dtype, quant_bits=args.quant_bits,
+    prof = calibrate(args.model, grid, out, dtype=args.dtype, quant_bits=args.quant_bits,
                      weights=args.weights, seed=args.seed, overwrite=args.overwrite)
     wall = time.perf_counter() - t0
     print(f"calibrated {prof['model']['name']} ({prof['model']['dtype']}) on {prof['device']['name']}, "

@@ -22,7 +22,7 @@ from calibrate.host import host_info
 from calibrate.model import build_model
 from calibrate.executor import prompt_tokens
 from calibrate.worker import warmup_trace
-from sim.cli import UserError
+from sim.errors import UserError
 from sim.commands.common import setting_label
 from sim.costmodel import check_profile_matches, cost_model
 from sim.files import atomic_write_json

@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 
+from sim.errors import user_errors
+
 COMMANDS = {
     "simulate": "sim.commands.simulate",
     "policies": "sim.commands.policies_cmd",
@@ -19,20 +21,6 @@ COMMANDS = {
     "calibrate": "calibrate.cmd_calibrate",
     "confirm": "calibrate.cmd_confirm",
 }
-
-
-class UserError(Exception):
-    """An error to report in one line, without a traceback."""
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    from policies import PolicyError
-    from sim.costmodel import ProfileError
-    from sim.files import ExistsError
-    from sim.state import EngineError
-    from traces.trace import TraceError
-    return (UserError, PolicyError, ProfileError, ExistsError, TraceError, EngineError, FileNotFoundError,
-            ValueError)
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,0 +1,65 @@
+"""Calibration on qwen3-tiny: the profile's content, resuming, and bad input."""
+import json
+import subprocess
+import sys
+
+from calibrate.grid import TINY
+from calibrate.model import build_model
+from calibrate.profiler import run_grid
+from sim.costmodel import cost_model, load_profile
+
+
+def pdsim(*args):
+    p = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_calibrate_writes_a_usable_profile(tmp_path):
+    out = tmp_path / "tiny.json"
+    code, stdout, err = pdsim("calibrate", "--model", "qwen3-tiny", "--grid", "tiny", "-o", str(out))
+    assert code == 0, err
+    assert "held-out relative error" in stdout
+    prof = load_profile(out)
+    assert prof["model"]["name"] == "qwen3-tiny" and prof["model"]["dtype"] == "float32"
+    for key in ("kind", "cpu", "os", "mlx", "mlx_lm", "blas", "id"):
+        assert key in prof["device"]
+    steps = {s["step"] for s in prof["samples"]}
+    assert steps == {"prefill", "decode", "join", "leave", "overhead"}
+    assert len(prof["samples"]) == len(TINY.points())
+    assert all(len(s["times"]) == TINY.repeats for s in prof["samples"])
+    assert any(s.get("held_out") for s in prof["samples"] if s["step"] == "prefill")
+    for step in ("prefill", "decode"):
+        e = prof["fit"]["errors"][step]
+        assert 0 <= e["form_mean"] <= e["form_max"]
+        assert all(c >= 0 for c in prof["cost"][step]["coef"])
+    assert prof["cost"]["use"] in ("fit", "grid")
+    model = cost_model(prof)
+    assert model.prefill(32, 16) > model.prefill(4, 0) > 0
+    assert not (tmp_path / "tiny.json.partial.jsonl").exists()
+    # an existing profile is not overwritten
+    code, _, err = pdsim("calibrate", "--model", "qwen3-tiny", "--grid", "tiny", "-o", str(out))
+    assert code == 2 and "exists" in err
+
+
+def test_interrupted_calibration_resumes(tmp_path):
+    lm = build_model("qwen3-tiny")
+    partial = tmp_path / "p.partial.jsonl"
+    header = {"model": "qwen3-tiny", "grid": TINY.to_dict()}
+    first = TINY.points()[0]
+    kept = dict(first, times=[9.0, 9.0, 9.0], seconds=9.0, spread=0.0, batch=1)
+    partial.write_text(json.dumps(header) + "\n" + json.dumps(kept) + "\n" + '{"key": "cut sh')
+    samples = run_grid(lm, TINY, partial, header, progress=False)
+    assert samples[0]["seconds"] == 9.0  # measured before the interrupt: kept, not re-measured
+    assert len(samples) == len(TINY.points())
+    assert all(s["seconds"] < 1.0 for s in samples[1:])
+
+
+def test_calibrate_bad_input(tmp_path):
+    code, _, err = pdsim("calibrate", "--model", "qwen3-99b", "-o", str(tmp_path / "x.json"))
+    assert code == 2 and "qwen3-99b" in err and "Traceback" not in err
+    code, _, err = pdsim("calibrate", "--model", "qwen3-tiny", "--weights", str(tmp_path / "nope"),
+                         "-o", str(tmp_path / "x.json"))
+    assert code == 2 and "nope" in err and "Traceback" not in err
+    code, _, err = pdsim("calibrate", "--model", "qwen3-tiny", "--grid", "tiny", "--offsets", "5000",
+                         "-o", str(tmp_path / "x.json"))
+    assert code == 2 and "context" in err and "Traceback" not in err

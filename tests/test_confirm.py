@@ -1,0 +1,66 @@
+"""`pdsim confirm` end to end on qwen3-tiny: the gate, the protocol, the report, the arithmetic."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from calibrate.calibration import calibrate
+from calibrate.grid import TINY
+
+
+def pdsim(*args):
+    p = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prof") / "tiny.json"
+    calibrate("qwen3-tiny", TINY, path, progress=False)
+    return path
+
+
+TRACE = ["--trace", "tinyllm", "--num-seqs", "3", "--min-in", "12", "--max-in", "40", "--min-out", "5",
+         "--max-out", "5"]
+
+
+def test_confirm_end_to_end(profile, tmp_path):
+    out = tmp_path / "report.json"
+    code, stdout, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--policy", "chunked",
+                              "--budget", "8", "32", "--batch-size", "2", "--repeats", "2", "-o", str(out))
+    assert code == 0, err
+    assert "predicted" in stdout and "rel. error" in stdout
+    rep = json.loads(out.read_text())
+    assert rep["gate"]["ok"] and rep["gate"]["greedy_tokens_identical"] and rep["gate"]["timed_runs_identical_tokens"]
+    assert all(g["ok"] for g in rep["gate"]["logits"])
+    # forward order, then reverse: every (setting, repeat) once
+    assert rep["protocol"]["order"] == [[0, "chunked/b8/bs2"], [0, "chunked/b32/bs2"],
+                                        [1, "chunked/b32/bs2"], [1, "chunked/b8/bs2"]]
+    assert len(rep["trace"]["requests"]) == 3 and all("prompt_ids" in r for r in rep["trace"]["requests"])
+    assert len(rep["trace"]["sha256"]) == 64
+    for res in rep["results"]:
+        runs = [r for r in rep["runs"] if r["label"] == res["label"]]
+        assert len(runs) == 2
+        for k, m in res["measured"].items():
+            vals = sorted(r["metrics"][k] for r in runs)
+            assert m["min"] == vals[0] and m["max"] == vals[-1]
+            assert m["median"] == pytest.approx(sum(vals) / 2)
+            assert res["rel_error"][k] == pytest.approx((res["predicted"][k] - m["median"]) / m["median"])
+    # the report is never overwritten
+    code, _, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--budget", "8", "--repeats", "1",
+                         "-o", str(out))
+    assert code == 2 and "exists" in err
+
+
+def test_confirm_refuses_mismatched_profile_and_long_trace(profile, tmp_path):
+    other = json.loads(profile.read_text())
+    other["device"]["id"] = "gpu:Apple M9 Ultra"
+    p2 = tmp_path / "other.json"
+    p2.write_text(json.dumps(other))
+    code, _, err = pdsim("confirm", "--profile", str(p2), *TRACE, "--repeats", "1", "-o", str(tmp_path / "r.json"))
+    assert code == 2 and "Apple M9 Ultra" in err and "--force" in err and "Traceback" not in err
+    assert not (tmp_path / "r.json").exists()
+    code, _, err = pdsim("confirm", "--profile", str(profile), "--trace", "metile", "--prompt-len", "5000",
+                         "--output-len", "4", "--repeats", "1", "-o", str(tmp_path / "r.json"))
+    assert code == 2 and "context" in err and "Traceback" not in err
