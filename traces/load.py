@@ -3,24 +3,49 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from traces.formats import PDSIM, detect, format_name, read
 from traces.generators import GENERATORS
+from traces.shape import Shaping, apply
 from traces.trace import Trace, TraceError, load_jsonl
 
 
-def load_file(path: str | Path) -> Trace:
-    """Read a trace file; the format is detected from its name and first line."""
+def load_file(path: str | Path, fmt: str | None = None, shaping: Shaping | None = None, **options) -> Trace:
+    """Read a trace file in any supported format, detected from its first line unless `fmt` names it.
+
+    `options` go to the format's loader (`model`/`log_type` for BurstGPT; `arrivals`, `rate`,
+    `burstiness`, `seed` for length-only CSVs); None values are ignored. `shaping` is applied after
+    loading, with its window and first-N passed down to the reader so a large file is read only
+    as far as needed; the result equals shaping the fully loaded trace (only the `rows_read` and
+    `read_to_end` figures in the metadata tell the difference).
+    """
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"trace {path}: no such file")
     if path.stat().st_size == 0:
         raise TraceError(f"trace {path}: empty file")
-    return load_jsonl(path)
+    name = format_name(fmt) if fmt else detect(path)
+    options = {k: v for k, v in options.items() if v is not None}
+    if name == PDSIM:
+        extra = sorted(set(options) - {"seed"})
+        if extra:
+            raise TraceError(f"{path}: option(s) {', '.join(extra)} do not apply to a pdsim JSONL trace")
+        return apply(load_jsonl(path), shaping)
+    start, end, limit = 0.0, None, None
+    if shaping is not None:
+        if shaping.window is not None:
+            start, end = shaping.window
+        if shaping.first is not None:
+            limit = shaping.first
+    requests, meta = read(path, name, start=start, end=end, limit=limit, **options)
+    return apply(Trace(requests, meta), shaping)
 
 
-def resolve(spec: str, **gen_options) -> Trace:
-    """A generator by name (with its options) or a trace file."""
+def resolve(spec: str, fmt: str | None = None, shaping: Shaping | None = None, **gen_options) -> Trace:
+    """A generator by name (with its options) or a trace file (with its loader options), then shaped."""
     if spec in GENERATORS:
-        return GENERATORS[spec](**{k: v for k, v in gen_options.items() if v is not None})
+        if fmt:
+            raise TraceError(f"trace {spec!r} is a generator; a format applies only to files")
+        return apply(GENERATORS[spec](**{k: v for k, v in gen_options.items() if v is not None}), shaping)
     if not Path(spec).exists():
         raise TraceError(f"trace {spec!r}: neither a file nor a generator ({', '.join(GENERATORS)})")
-    return load_file(spec)
+    return load_file(spec, fmt, shaping, **gen_options)

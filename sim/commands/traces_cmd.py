@@ -2,19 +2,100 @@
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
+import math
 
-from sim.commands.common import add_trace_args, trace_from_args
+from sim.commands.common import add_trace_args, positive_float, positive_int, trace_from_args
+from sim.table import table
+from traces.formats import FORMATS, format_name
 from traces.generators import GENERATORS
+from traces.load import resolve
+from traces.shape import Shaping, parse_window
+from traces.stats import describe
+from traces.trace import Trace, TraceError
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("traces", help="generate, describe and convert traces")
-    tsub = p.add_subparsers(dest="traces_cmd", required=True, metavar="{gen}")
+    tsub = p.add_subparsers(dest="traces_cmd", required=True, metavar="{gen,info,convert}")
     g = tsub.add_parser("gen", help="write a generated trace as JSONL")
     g.add_argument("kind", choices=list(GENERATORS))
     add_trace_args(g)
     g.add_argument("-o", "--out", required=True, help="output JSONL file")
     g.add_argument("--overwrite", action="store_true")
+
+    i = tsub.add_parser("info", help="count, duration, rate, burstiness and length percentiles of a trace",
+                        description="Describe a trace file (any supported format) or a generator, after any "
+                                    "shaping. Burstiness is the squared coefficient of variation of the "
+                                    "inter-arrival gaps (1 = Poisson), the generators' convention.")
+    add_file_args(i)
+    i.add_argument("--json", action="store_true", help="print the figures and the metadata as JSON")
+
+    c = tsub.add_parser("convert", help="read a trace in any supported format, shape it, write pdsim JSONL",
+                        description="Read a public trace, shape it, and write pdsim's JSONL (with the source "
+                                    "and every shaping step in its metadata).")
+    add_file_args(c)
+    c.add_argument("-o", "--out", required=True, help="output JSONL file")
+    c.add_argument("--overwrite", action="store_true")
+
+
+def add_file_args(p: argparse.ArgumentParser) -> None:
+    """The trace file, how to read it, and how to shape it (shared by info and convert)."""
+    p.add_argument("file", metavar="FILE", help="a trace file in any supported format, or a generator name")
+    r = p.add_argument_group("reading")
+    r.add_argument("--format", type=_format, metavar="NAME",
+                   help="the file's format, if not detected from its header (aliases: azure2023, azure2024, "
+                        "splitwise, jsonl): "
+                        + "; ".join(f"{n}: {f.about}" for n, f in FORMATS.items()) + "; pdsim: pdsim's own JSONL")
+    r.add_argument("--arrivals", choices=["poisson", "gamma"],
+                   help="length-only CSVs: the arrival process to draw (default poisson)")
+    r.add_argument("--rate", type=positive_float, help="length-only CSVs: requests per second (default 1)")
+    r.add_argument("--burstiness", type=positive_float, help="length-only CSVs, gamma: 1 = Poisson, >1 burstier")
+    r.add_argument("--seed", type=int, help="seed for drawn arrivals and for --sample (default 0)")
+    r.add_argument("--burstgpt-model", metavar="NAME", help="BurstGPT: keep only this model (e.g. ChatGPT, GPT-4)")
+    r.add_argument("--burstgpt-log", metavar="TYPE", help="BurstGPT: keep only this log type (conversation, api)")
+    s = p.add_argument_group("shaping (applied in this order)")
+    s.add_argument("--window", metavar="START:END", type=_window,
+                   help="keep arrivals in [START, END) seconds, shifted to start at 0 (either side may be empty)")
+    s.add_argument("--first", type=positive_int, metavar="N", help="keep the first N requests")
+    s.add_argument("--sample", type=positive_int, metavar="N", help="keep N requests drawn at random (--seed)")
+    s.add_argument("--speed", type=positive_float, metavar="K", help="replay K times as fast (arrivals / K)")
+    s.add_argument("--max-prompt", type=positive_int, metavar="N", help="cut prompts to at most N tokens")
+    s.add_argument("--max-output", type=positive_int, metavar="N", help="cut output budgets to at most N tokens")
+
+
+def _format(text: str) -> str:
+    try:
+        return format_name(text)
+    except TraceError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _window(text: str) -> tuple[float, float | None]:
+    try:
+        return parse_window(text)
+    except TraceError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def shaping_from_args(args: argparse.Namespace) -> Shaping:
+    return Shaping(window=args.window, first=args.first, sample=args.sample,
+                   seed=args.seed if args.seed is not None else 0, speed=args.speed,
+                   max_prompt=args.max_prompt, max_output=args.max_output)
+
+
+def file_trace_from_args(args: argparse.Namespace) -> Trace:
+    """The trace FILE names, read with the reading options and shaped with the shaping options."""
+    shaping = shaping_from_args(args)
+    if args.file in GENERATORS:
+        accepted = inspect.signature(GENERATORS[args.file]).parameters
+        given = {"rate": args.rate, "burstiness": args.burstiness, "seed": args.seed}
+        return resolve(args.file, fmt=args.format, shaping=shaping,
+                       **{k: v for k, v in given.items() if k in accepted})
+    return resolve(args.file, fmt=args.format, shaping=shaping, arrivals=args.arrivals, rate=args.rate,
+                   burstiness=args.burstiness, seed=args.seed, model=args.burstgpt_model,
+                   log_type=args.burstgpt_log)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,4 +104,42 @@ def run(args: argparse.Namespace) -> int:
         trace = trace_from_args(args)
         trace.save_jsonl(args.out, overwrite=args.overwrite)
         print(f"wrote {args.out}: {len(trace)} requests, sha256 {trace.sha256()}")
+    elif args.traces_cmd == "info":
+        trace = file_trace_from_args(args)
+        stats = describe(trace)
+        if args.json:
+            print(json.dumps({"meta": trace.meta, "sha256": trace.sha256(), "stats": stats.to_dict()}, indent=1))
+        else:
+            print(info_text(trace, stats))
+    elif args.traces_cmd == "convert":
+        trace = file_trace_from_args(args)
+        trace.save_jsonl(args.out, overwrite=args.overwrite)
+        print(f"wrote {args.out}: {len(trace)} requests from {trace.meta.get('source')} "
+              f"({trace.meta.get('format', 'generated')}), sha256 {trace.sha256()}")
     return 0
+
+
+def info_text(trace: Trace, stats) -> str:
+    m = trace.meta
+    lines = [f"trace {m.get('source')} ({m.get('format', 'generated')}), sha256 {trace.sha256()[:12]}"]
+    for key in ("arrivals", "model", "log_type", "dropped", "clamped_zero") if "format" in m else ():
+        if m.get(key) is not None:
+            lines.append(f"  {key}: {m[key]}")
+    if not m.get("read_to_end", True):
+        lines.append(f"  read the first {m.get('rows_read')} rows only (the shaping needed no more)")
+    for step in m.get("shaping", []):
+        lines.append("  shaping: " + ", ".join(f"{k}={v}" for k, v in step.items()))
+    lines += [f"requests     {stats.count:,}",
+              f"duration     {stats.duration_s:,.3f} s",
+              f"mean rate    {_num(stats.mean_rate, ',.4g')} requests/s",
+              f"burstiness   {_num(stats.burstiness, '.4g')}  (CV^2 of inter-arrival gaps; 1 = Poisson)",
+              f"gaps         p50 {stats.gap_p50_s:.4g} s, p99 {stats.gap_p99_s:.4g} s, max {stats.gap_max_s:.4g} s",
+              ""]
+    rows = [{"tokens": name, **vars(getattr(stats, name))} for name in ("prompt", "output")]
+    lines.append(table(rows, ["tokens", "min", "mean", "p50", "p90", "p99", "max", "total"]))
+    return "\n".join(lines)
+
+
+def _num(v: float, spec: str) -> str:
+    """A figure, or `-` where it is undefined (one request, or all arriving at once)."""
+    return "-" if math.isnan(v) else format(v, spec)

@@ -1,0 +1,473 @@
+"""Loaders for the public trace formats the field uses: one small reader per format, plus detection.
+
+Why a reader per format and one shared collector: every format differs only in how a row becomes
+(time, prompt length, output length); the rules a replay depends on are the same for all of them
+and live in one place (`read`):
+
+- Streaming: files are read row by row (`csv` / one `json.loads` per line), never as a whole text,
+  so a week-long Azure 2024 file costs memory for the requests kept, not for its text. A window or
+  a first-N limit stops the reading early (`read(start=, end=, limit=)`).
+- Ids: a request's id is the 0-based index of its data row in the source file (header and blank
+  lines not counted), so an id points back to its row even after rows are dropped or shaped away.
+- Arrivals: seconds relative to the first kept request, which arrives at 0.0.
+- Lengths: a negative or non-whole length is an error. A length of 0 (public logs have a few) is
+  clamped to 1 and counted in `meta["clamped_zero"]`, except BurstGPT's 0 response tokens, which
+  mark failed requests: those rows are dropped and counted in `meta["dropped"]["failed"]`.
+- Errors: a `TraceError` whose one line names the file, the line (1-based, the header is line 1)
+  and the problem; arrivals that go backwards are an error, equal arrivals are not.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from traces.trace import Request, TraceError
+
+# One parsed row: (file line, data-row index, time in seconds from the format's own origin,
+# prompt length, output length, prefix-block hashes or None).
+Record = tuple[int, int, float, int, int, "tuple[int, ...] | None"]
+
+MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake hash_ids block (the FAST'25 release)
+PROMPT_COLUMNS = ("num_prefill_tokens", "ContextTokens", "prompt_len", "prompt_tokens", "input_length",
+                  "input_tokens", "Request tokens")
+OUTPUT_COLUMNS = ("num_decode_tokens", "GeneratedTokens", "output_len", "output_tokens", "output_length",
+                  "Response tokens")
+TIME_COLUMNS = ("TIMESTAMP", "arrived_at", "arrival", "arrival_time", "time")
+
+
+@dataclass
+class Reading:
+    """One pass over one file: where errors point, and what was dropped or changed on the way."""
+    path: Path
+    options: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)  # format-specific facts for the trace's metadata
+    dropped: dict = field(default_factory=dict)  # reason -> rows dropped
+
+    def error(self, line: int, problem: str) -> TraceError:
+        return TraceError(f"{self.path} line {line}: {problem}")
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+@dataclass(frozen=True)
+class Format:
+    """A file format: the columns that identify it and the reader that turns rows into records."""
+    name: str
+    columns: tuple[tuple[str, ...], ...]  # each required column as its accepted names, first = canonical
+    reader: Callable[[TextIO, Reading], Iterator[Record]]
+    options: tuple[str, ...] = ()  # loader options it takes (besides `seed`, which any format accepts)
+    about: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Field parsers: fast on good input, one clear line on bad input.
+
+def parse_count(text: str, what: str, r: Reading, line: int) -> int:
+    """A token count: a whole number >= 0 (a float spelling such as `12.0` is accepted)."""
+    try:
+        v = int(text)
+    except ValueError:
+        try:
+            f = float(text)
+        except ValueError:
+            raise r.error(line, f"{what} {text.strip()!r} is not a number") from None
+        if not f.is_integer():
+            raise r.error(line, f"{what} {text.strip()!r} is not a whole number") from None
+        v = int(f)
+    if v < 0:
+        raise r.error(line, f"negative {what} ({v})")
+    return v
+
+
+def parse_seconds(text: str, what: str, r: Reading, line: int, scale: float = 1.0) -> float:
+    """A numeric time stamp, finite, in seconds after multiplying by `scale`."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise r.error(line, f"{what} {str(text).strip()!r} is not a number") from None
+    if not math.isfinite(v):
+        raise r.error(line, f"{what} {str(text).strip()!r} is not finite")
+    return v * scale
+
+
+def parse_timestamp(text: str) -> datetime:
+    """ISO date-time as the Azure traces write it; fractional seconds beyond 6 digits are cut.
+
+    Azure 2023 writes 7 fractional digits (`2023-11-16 18:17:03.9799600`), which `fromisoformat`
+    rejects before Python 3.11; Azure 2024 writes `+00:00` and 6 or 0 digits. A trailing `Z` means
+    UTC. Cutting the 7th digit loses 100 ns, far below any scheduling time.
+    """
+    s = text.strip()
+    dot = s.find(".")
+    if dot != -1 and s[dot + 7:dot + 8].isdigit():  # a 7th fractional digit: cut from there on
+        end, n = dot + 8, len(s)
+        while end < n and s[end].isdigit():
+            end += 1
+        s = s[:dot + 7] + s[end:]
+    if s.endswith(("Z", "z")):
+        s = s[:-1] + "+00:00"
+    return datetime.fromisoformat(s)
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV plumbing shared by the CSV formats.
+
+def open_csv(f: TextIO, fmt: Format, r: Reading) -> tuple[list[str], list[int], Iterator[tuple[int, int, list[str]]]]:
+    """Read the header now; return its lowercased names, the format's column indexes, and the rows.
+
+    The rows come as (line, data-row index, fields), blank lines skipped, one at a time.
+    """
+    reader = csv.reader(f)
+    header = next((row for row in reader if any(c.strip() for c in row)), None)
+    if header is None:
+        raise TraceError(f"{r.path}: empty file")
+    cols = column_indexes(header, fmt, r, reader.line_num)
+    need = max(cols) + 1
+
+    def rows() -> Iterator[tuple[int, int, list[str]]]:
+        index = 0
+        for row in reader:
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if len(row) < need:
+                raise r.error(reader.line_num, f"expected {len(header)} fields, got {len(row)}")
+            yield reader.line_num, index, row
+            index += 1
+
+    return [h.strip().lower() for h in header], cols, rows()
+
+
+def column_indexes(header: list[str], fmt: Format, r: Reading, line: int = 1) -> list[int]:
+    """The index of each of the format's required columns, matched by name, case-insensitively."""
+    names = [h.strip().lower() for h in header]
+    out = []
+    for accepted in fmt.columns:
+        found = next((names.index(a.lower()) for a in accepted if a.lower() in names), None)
+        if found is None:
+            raise r.error(line, f"missing column {accepted[0]!r} for the {fmt.name} format "
+                             f"(header: {','.join(h.strip() for h in header)})")
+        out.append(found)
+    return out
+
+
+def optional_column(header_names: list[str], name: str) -> int | None:
+    low = name.lower()
+    return header_names.index(low) if low in header_names else None
+
+
+# ---------------------------------------------------------------------------------------------
+# One reader per format.
+
+def read_azure(f: TextIO, r: Reading) -> Iterator[Record]:
+    """Azure LLM inference 2023/2024: `TIMESTAMP,ContextTokens,GeneratedTokens`, ISO date-times."""
+    t0: datetime | None = None
+    _names, (it, ip, io), rows = open_csv(f, FORMATS["azure"], r)
+    for line, index, row in rows:
+        text = row[it]
+        try:
+            ts = parse_timestamp(text)
+        except ValueError:
+            raise r.error(line, f"timestamp {text.strip()!r} is not an ISO date-time") from None
+        if t0 is None:
+            t0 = ts
+            r.meta["first_timestamp"] = text.strip()
+        try:
+            t = (ts - t0).total_seconds()
+        except TypeError:
+            raise r.error(line, f"timestamp {text.strip()!r} mixes a UTC offset and none "
+                                f"(the first row is {r.meta['first_timestamp']!r})") from None
+        yield (line, index, t, parse_count(row[ip], "ContextTokens", r, line),
+               parse_count(row[io], "GeneratedTokens", r, line), None)
+
+
+def read_burstgpt(f: TextIO, r: Reading) -> Iterator[Record]:
+    """BurstGPT: seconds from the trace start; optional model and log-type selection.
+
+    Rows with 0 response tokens are requests that failed; they are dropped, not clamped, since
+    replaying them would invent work the service never did.
+    """
+    model = r.options.get("model")
+    log_type = r.options.get("log_type")
+    want_log = _log_key(log_type) if log_type else None
+    names, (it, ip, io), rows = open_csv(f, FORMATS["burstgpt"], r)
+    im, il = optional_column(names, "Model"), optional_column(names, "Log Type")
+    if model and im is None:
+        raise r.error(1, "no 'Model' column to select a model from")
+    if log_type and il is None:
+        raise r.error(1, "no 'Log Type' column to select a log type from")
+    for line, index, row in rows:
+        if model and row[im].strip().lower() != model.lower():
+            r.drop("other model")
+            continue
+        if want_log and _log_key(row[il]) != want_log:
+            r.drop("other log type")
+            continue
+        out = parse_count(row[io], "Response tokens", r, line)
+        if out == 0:
+            r.drop("failed")
+            continue
+        yield (line, index, parse_seconds(row[it], "Timestamp", r, line),
+               parse_count(row[ip], "Request tokens", r, line), out, None)
+
+
+def _log_key(text: str) -> str:
+    """`Conversation log`, `conversation` and `CONVERSATION LOG` name the same log type."""
+    key = text.strip().lower()
+    return key[:-4].rstrip() if key.endswith(" log") else key
+
+
+def read_vidur(f: TextIO, r: Reading) -> Iterator[Record]:
+    """Vidur / Splitwise processed traces: `arrived_at,num_prefill_tokens,num_decode_tokens`."""
+    _names, (it, ip, io), rows = open_csv(f, FORMATS["vidur"], r)
+    for line, index, row in rows:
+        yield (line, index, parse_seconds(row[it], "arrived_at", r, line),
+               parse_count(row[ip], "num_prefill_tokens", r, line),
+               parse_count(row[io], "num_decode_tokens", r, line), None)
+
+
+def read_lengths(f: TextIO, r: Reading) -> Iterator[Record]:
+    """Length-only CSVs (e.g. Vidur's arxiv summarization stats): arrivals drawn from a process.
+
+    The lengths are read first (they are small), then `arrival_times` draws one gap per row, so
+    the same file, process, rate and seed always give the same trace.
+    """
+    process, rate, burstiness, seed = arrival_options(r.options)
+    lines, prompts, outputs = [], [], []
+    _names, (ip, io), rows = open_csv(f, FORMATS["lengths"], r)
+    for line, _index, row in rows:
+        lines.append(line)
+        prompts.append(parse_count(row[ip], "prompt length", r, line))
+        outputs.append(parse_count(row[io], "output length", r, line))
+    arrivals = arrival_times(len(lines), rate, burstiness, seed)
+    r.meta["arrivals"] = {"process": process, "rate": rate, "burstiness": burstiness, "seed": seed}
+    for i, line in enumerate(lines):
+        yield line, i, float(arrivals[i]), prompts[i], outputs[i], None
+
+
+def arrival_options(options: dict) -> tuple[str, float, float, int]:
+    """Validate (process, rate, burstiness, seed) for generated arrivals; Poisson unless told."""
+    process = options.get("arrivals") or "poisson"
+    rate = options.get("rate", 1.0)
+    burstiness = options.get("burstiness")
+    seed = int(options.get("seed", 0))
+    if process not in ("poisson", "gamma"):
+        raise TraceError(f"arrival process must be poisson or gamma, got {process!r}")
+    if process == "poisson" and burstiness not in (None, 1, 1.0):
+        raise TraceError(f"burstiness {burstiness} needs gamma arrivals (Poisson has burstiness 1)")
+    burstiness = 1.0 if burstiness is None else float(burstiness)
+    if not float(rate) > 0:
+        raise TraceError(f"arrival rate must be > 0 requests/s, got {rate}")
+    if not burstiness > 0:
+        raise TraceError(f"burstiness must be > 0, got {burstiness}")
+    return process, float(rate), burstiness, seed
+
+
+def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
+    """Gamma inter-arrivals with mean 1/rate and shape 1/burstiness (1 = Poisson), first at 0.
+
+    The same draw as `traces.generators.gamma`, so a length-only file and a generated trace with
+    the same count, rate, burstiness and seed arrive at the same times.
+    """
+    rng = np.random.default_rng(seed)
+    shape = 1.0 / burstiness
+    gaps = rng.gamma(shape, 1.0 / (rate * shape), size=n)
+    if n:
+        gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+def read_mooncake(f: TextIO, r: Reading) -> Iterator[Record]:
+    """Mooncake JSON lines: `timestamp` in ms, lengths, and `hash_ids` (512-token prefix blocks).
+
+    The hash ids are kept on each request, so a later prefix-cache study can see which prompts
+    share blocks; `meta["block_tokens"]` says how many tokens a block covers.
+    """
+    r.meta["block_tokens"] = MOONCAKE_BLOCK_TOKENS
+    index = 0
+    for line, text in enumerate(f, 1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise r.error(line, f"not JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise r.error(line, "expected a JSON object")
+        try:
+            ts, n_in, n_out = obj["timestamp"], obj["input_length"], obj["output_length"]
+        except KeyError as e:
+            raise r.error(line, f"missing field {e.args[0]!r}") from None
+        hashes = obj.get("hash_ids")
+        if hashes is not None:
+            if not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
+                raise r.error(line, "hash_ids must be a list of whole numbers")
+            hashes = tuple(hashes)
+        yield (line, index, parse_seconds(ts, "timestamp", r, line, scale=1e-3),
+               parse_count(str(n_in), "input_length", r, line), parse_count(str(n_out), "output_length", r, line),
+               hashes)
+        index += 1
+
+
+FORMATS: dict[str, Format] = {
+    "azure": Format("azure", (("TIMESTAMP",), ("ContextTokens",), ("GeneratedTokens",)), read_azure,
+                    about="Azure LLM inference 2023/2024 CSV: TIMESTAMP,ContextTokens,GeneratedTokens"),
+    "burstgpt": Format("burstgpt", (("Timestamp",), ("Request tokens",), ("Response tokens",)), read_burstgpt,
+                       options=("model", "log_type"),
+                       about="BurstGPT CSV: Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"),
+    "vidur": Format("vidur", (("arrived_at",), ("num_prefill_tokens",), ("num_decode_tokens",)), read_vidur,
+                    about="Vidur/Splitwise processed CSV: arrived_at,num_prefill_tokens,num_decode_tokens"),
+    "lengths": Format("lengths", (PROMPT_COLUMNS, OUTPUT_COLUMNS), read_lengths,
+                      options=("arrivals", "rate", "burstiness"),
+                      about="length-only CSV (e.g. num_prefill_tokens,num_decode_tokens); arrivals generated"),
+    "mooncake": Format("mooncake", (), read_mooncake,
+                       about="Mooncake JSON lines: timestamp (ms), input_length, output_length, hash_ids"),
+}
+CSV_FORMATS = ("azure", "burstgpt", "vidur", "lengths")
+PDSIM = "pdsim"  # pdsim's own JSONL (Trace.save_jsonl), read by traces.trace.load_jsonl
+FORMAT_NAMES = (*FORMATS, PDSIM)
+ALIASES = {"azure2023": "azure", "azure-2023": "azure", "azure2024": "azure", "azure-2024": "azure",
+           "splitwise": "vidur", "jsonl": PDSIM}
+
+
+def format_name(name: str) -> str:
+    """The canonical name of a format, or a TraceError listing the known ones."""
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in FORMAT_NAMES:
+        raise TraceError(f"unknown trace format {name!r}; known: {', '.join(FORMAT_NAMES)}")
+    return key
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection: from the first non-blank line only.
+
+def detect(path: str | Path) -> str:
+    """The format of `path`, told from its first non-blank line (a CSV header or a JSON object)."""
+    path = Path(path)
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        line, first = next(((n, text) for n, text in enumerate(f, 1) if text.strip()), (0, None))
+    if first is None:
+        raise TraceError(f"{path}: empty file")
+    if first.lstrip().startswith("{"):
+        return _detect_json(first, path, line)
+    header = next(csv.reader([first]))
+    return _detect_csv(header, path, line)
+
+
+def _detect_json(first: str, path: Path, line: int) -> str:
+    try:
+        obj = json.loads(first)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path} line {line}: not JSON ({e.msg})") from None
+    if "meta" in obj or "arrival" in obj or "prompt_len" in obj:
+        return PDSIM
+    if {"input_length", "output_length", "hash_ids"} & obj.keys():
+        return "mooncake"
+    raise TraceError(f"{path} line {line}: a JSON object with neither pdsim fields (arrival, prompt_len, "
+                     f"output_len) nor Mooncake fields (timestamp, input_length, output_length)")
+
+
+def _detect_csv(header: list[str], path: Path, line: int) -> str:
+    names = {h.strip().lower() for h in header}
+    has = lambda accepted: any(a.lower() in names for a in accepted)
+    timed = any(t.lower() in names for t in TIME_COLUMNS)
+    for name in CSV_FORMATS:
+        if all(has(c) for c in FORMATS[name].columns) and (name != "lengths" or not timed):
+            return name
+    text = ",".join(h.strip() for h in header)
+    scores = {n: sum(has(c) for c in FORMATS[n].columns) for n in ("azure", "burstgpt", "vidur")}
+    best = max(scores.values())
+    closest = [n for n, s in scores.items() if s == best]
+    if best > 0 and len(closest) == 1:
+        fmt = FORMATS[closest[0]]
+        missing = [c[0] for c in fmt.columns if not has(c)]
+        raise TraceError(f"{path} line {line}: missing column {', '.join(map(repr, missing))} for the {fmt.name} "
+                         f"format (header: {text})")
+    raise TraceError(f"{path} line {line}: cannot tell the trace format from the header {text!r}; known: "
+                     + "; ".join(f.about for f in FORMATS.values()) + "; or name the format (--format NAME)")
+
+
+# ---------------------------------------------------------------------------------------------
+# The collector every format goes through.
+
+def read(path: str | Path, fmt: str, start: float = 0.0, end: float | None = None, limit: int | None = None,
+         **options) -> tuple[list[Request], dict]:
+    """Requests and metadata of a public-format file.
+
+    `start`, `end` and `limit` only say what may be skipped or left unread: records before `start`
+    seconds are skipped, reading stops at the first record at or after `end`, or once `limit`
+    records in the window are kept. Times stay relative to the file's first kept request; the
+    caller (`traces.load.load_file`) applies the shaping that records the window in the metadata.
+    """
+    path = Path(path)
+    fmt = format_name(fmt)
+    spec = FORMATS[fmt]
+    options = {k: v for k, v in options.items() if v is not None}
+    extra = sorted(set(options) - set(spec.options) - {"seed"})
+    if extra:
+        hint = (" (that file has its own arrival times: scale them with speed, or read it as format "
+                "lengths to draw new ones)" if set(extra) & {"arrivals", "rate", "burstiness"} else "")
+        raise TraceError(f"{path}: option(s) {', '.join(extra)} do not apply to the {fmt} format{hint}")
+    r = Reading(path, options)
+    reqs: list[Request] = []
+    t0: float | None = None
+    last = -math.inf
+    last_line = 0
+    zero_prompt = zero_output = 0
+    rows = 0
+    to_end = True
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        for line, index, t, p, o, hashes in spec.reader(f, r):
+            rows += 1
+            if t0 is None:
+                t0 = t
+            a = t - t0
+            if a < last:
+                raise r.error(line, f"arrivals not sorted: {a:.6f} s after {last:.6f} s (line {last_line})")
+            last, last_line = a, line
+            if a < start:
+                continue
+            if end is not None and a >= end:
+                to_end = False
+                break
+            if p == 0:
+                p, zero_prompt = 1, zero_prompt + 1
+            if o == 0:
+                o, zero_output = 1, zero_output + 1
+            reqs.append(Request(str(index), a, p, o, hash_ids=hashes))
+            if limit is not None and len(reqs) >= limit:
+                to_end = False
+                break
+    if not reqs:
+        if rows:
+            window = f"{start:g}:{'' if end is None else f'{end:g}'}"
+            tail = f" (the last request arrives at {last:g} s)" if to_end else ""
+            raise TraceError(f"{path}: the window {window} s holds no requests{tail}")
+        if r.dropped:
+            raise TraceError(f"{path}: no requests left after dropping rows ({_dropped_text(r.dropped)})")
+        raise TraceError(f"{path}: no data rows, only a header")
+    meta = {"source": str(path), "format": fmt, "rows_read": rows + sum(r.dropped.values()),
+            "read_to_end": to_end}
+    meta.update(r.meta)
+    if fmt == "burstgpt":
+        meta["model"] = options.get("model")
+        meta["log_type"] = options.get("log_type")
+    if r.dropped:
+        meta["dropped"] = dict(r.dropped)
+    if zero_prompt or zero_output:
+        meta["clamped_zero"] = {"prompt": zero_prompt, "output": zero_output}
+    return reqs, meta
+
+
+
+def _dropped_text(dropped: dict) -> str:
+    return ", ".join(f"{n} {why}" for why, n in dropped.items())
