@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from sim.errors import user_errors
@@ -20,6 +21,7 @@ COMMANDS = {
     "traces": "sim.commands.traces_cmd",
     "calibrate": "calibrate.cmd_calibrate",
     "confirm": "calibrate.cmd_confirm",
+    "sweep": "sim.commands.sweep", "report": "sim.commands.report",
 }
 
 
@@ -52,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors() as e:
         print(f"pdsim {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         print(f"pdsim {args.command}: interrupted; results measured so far were kept", file=sys.stderr)
         return 130

@@ -46,6 +46,37 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-len", type=positive_int, help="metile: prompt tokens of A and B")
     g.add_argument("--output-len", type=positive_int, help="metile: outputs of A and B")
     g.add_argument("--seed", type=int, help="generator seed (default 0)")
+    f = p.add_argument_group("trace file (any supported format; see `pdsim traces info --help`)")
+    f.add_argument("--format", metavar="NAME", help="the file's format, if not detected from its header")
+    f.add_argument("--arrivals", choices=["poisson", "gamma"], help="length-only CSVs: arrival process")
+    add_shaping_args(p)
+
+
+def add_shaping_args(p: argparse.ArgumentParser) -> None:
+    s = p.add_argument_group("shaping (applied in this order)")
+    s.add_argument("--window", metavar="START:END", type=_window,
+                   help="keep arrivals in [START, END) seconds, shifted to start at 0 (either side may be empty)")
+    s.add_argument("--first", type=positive_int, metavar="N", help="keep the first N requests")
+    s.add_argument("--sample", type=positive_int, metavar="N", help="keep N requests drawn at random (--seed)")
+    s.add_argument("--speed", type=positive_float, metavar="K", help="replay K times as fast (arrivals / K)")
+    s.add_argument("--max-prompt", type=positive_int, metavar="N", help="cut prompts to at most N tokens")
+    s.add_argument("--max-output", type=positive_int, metavar="N", help="cut output budgets to at most N tokens")
+
+
+def _window(text: str):
+    from traces.shape import parse_window
+    from traces.trace import TraceError
+    try:
+        return parse_window(text)
+    except TraceError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def shaping_from_args(args: argparse.Namespace):
+    from traces.shape import Shaping
+    return Shaping(window=args.window, first=args.first, sample=args.sample,
+                   seed=args.seed if args.seed is not None else 0, speed=args.speed,
+                   max_prompt=args.max_prompt, max_output=args.max_output)
 
 
 GEN_OPTIONS = {
@@ -57,8 +88,13 @@ GEN_OPTIONS = {
 
 
 def trace_from_args(args: argparse.Namespace) -> Trace:
-    names = GEN_OPTIONS.get(args.trace, ())
-    return resolve(args.trace, **{k: getattr(args, k) for k in names})
+    """A generated trace (with the generator options) or a file (with its format), then shaped."""
+    shaping = shaping_from_args(args)
+    if args.trace in GEN_OPTIONS:
+        names = GEN_OPTIONS[args.trace]
+        return resolve(args.trace, shaping=shaping, **{k: getattr(args, k) for k in names})
+    return resolve(args.trace, fmt=args.format, shaping=shaping, arrivals=args.arrivals, rate=args.rate,
+                   burstiness=args.burstiness, seed=args.seed)
 
 
 def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:

@@ -6,12 +6,12 @@ import inspect
 import json
 import math
 
-from sim.commands.common import add_trace_args, positive_float, positive_int, trace_from_args
+from sim.commands.common import (add_shaping_args, add_trace_args, positive_float, shaping_from_args,
+                                 trace_from_args)
 from sim.table import table
 from traces.formats import FORMATS, format_name
 from traces.generators import GENERATORS
 from traces.load import resolve
-from traces.shape import Shaping, parse_window
 from traces.stats import describe
 from traces.trace import Trace, TraceError
 
@@ -55,14 +55,7 @@ def add_file_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--seed", type=int, help="seed for drawn arrivals and for --sample (default 0)")
     r.add_argument("--burstgpt-model", metavar="NAME", help="BurstGPT: keep only this model (e.g. ChatGPT, GPT-4)")
     r.add_argument("--burstgpt-log", metavar="TYPE", help="BurstGPT: keep only this log type (conversation, api)")
-    s = p.add_argument_group("shaping (applied in this order)")
-    s.add_argument("--window", metavar="START:END", type=_window,
-                   help="keep arrivals in [START, END) seconds, shifted to start at 0 (either side may be empty)")
-    s.add_argument("--first", type=positive_int, metavar="N", help="keep the first N requests")
-    s.add_argument("--sample", type=positive_int, metavar="N", help="keep N requests drawn at random (--seed)")
-    s.add_argument("--speed", type=positive_float, metavar="K", help="replay K times as fast (arrivals / K)")
-    s.add_argument("--max-prompt", type=positive_int, metavar="N", help="cut prompts to at most N tokens")
-    s.add_argument("--max-output", type=positive_int, metavar="N", help="cut output budgets to at most N tokens")
+    add_shaping_args(p)
 
 
 def _format(text: str) -> str:
@@ -70,19 +63,6 @@ def _format(text: str) -> str:
         return format_name(text)
     except TraceError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _window(text: str) -> tuple[float, float | None]:
-    try:
-        return parse_window(text)
-    except TraceError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def shaping_from_args(args: argparse.Namespace) -> Shaping:
-    return Shaping(window=args.window, first=args.first, sample=args.sample,
-                   seed=args.seed if args.seed is not None else 0, speed=args.speed,
-                   max_prompt=args.max_prompt, max_output=args.max_output)
 
 
 def file_trace_from_args(args: argparse.Namespace) -> Trace:
