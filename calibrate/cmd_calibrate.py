@@ -64,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {step:8s} held-out relative error ({e['held_out']} points): form mean {e['form_mean']:.1%} "
               f"max {e['form_max']:.1%}; grid interpolation mean {e['grid_mean']:.1%} max {e['grid_max']:.1%}")
     c = prof["cost"]
-    print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms, join {c['join'] * 1e3:.2f} ms, "
-          f"leave {c['leave'] * 1e3:.2f} ms; the profile uses: {c['use']}")
+    per = lambda ab: f"{ab[0] * 1e3:.2f} ms + {ab[1] * 1e6:.3f} us/context token"
+    print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms; batch join {per(c['join'])}; "
+          f"leave {per(c['leave'])}; the profile uses: {c['use']}")
     print(f"wrote {prof['_path']}")
     return 0
 

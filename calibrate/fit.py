@@ -83,13 +83,27 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         "use": use,
         "prefill": {"form": PREFILL_FORM, "coef": coef["prefill"], "grid": _grid_points("prefill", by_step["prefill"]).tolist()},
         "decode": {"form": DECODE_FORM, "coef": coef["decode"], "grid": _grid_points("decode", by_step["decode"]).tolist()},
-        "iteration": med("overhead"), "join": med("join"), "leave": med("leave"),
+        "iteration": med("overhead"),
+        "join": fit_copy([s for s in samples if s["step"] == "join"]),
+        "leave": fit_copy([s for s in samples if s["step"] == "leave"]),
     }
     final = LinearCostModel(tuple(coef["prefill"]), tuple(coef["decode"]))
     for step, pts in by_step.items():
         for p, f in zip(pts, _predict(final, step, pts)):
             p["fitted"] = float(f)
     return {"cost": cost, "fit": {"errors": errors, "target": TARGET, "uses": use}}
+
+
+def fit_copy(samples: list[dict]) -> list[float]:
+    """Batch-cache rebuild cost, a + b*context_sum (non-negative, relative-error weighted)."""
+    if not samples:
+        return [0.0, 0.0]
+    X = np.array([[1.0, s["context_sum"]] for s in samples])
+    y = np.array([s["seconds"] for s in samples])
+    res = lsq_linear(X / y[:, None], np.ones(len(y)), bounds=(0, np.inf))
+    for s, f in zip(samples, X @ res.x):
+        s["fitted"] = float(f)
+    return [float(c) for c in res.x]
 
 
 def _linear(step: str, c: list[float]) -> LinearCostModel:

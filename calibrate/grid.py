@@ -25,11 +25,11 @@ class Grid:
             for ctx in self.contexts:
                 pts.append({"step": "decode", "contexts": [ctx] * b, "batched": b > 1})
         pts += [{"step": "decode", "contexts": list(m), "batched": True} for m in self.mixed]
-        ctx = sorted(self.contexts)[len(self.contexts) // 2]
-        for b in self.batches:
-            if b > 1:
-                pts.append({"step": "join", "contexts": [ctx] * b})
-                pts.append({"step": "leave", "contexts": [ctx] * b})
+        for ctx in sorted({min(self.contexts), max(self.contexts)}):  # batch copies scale with context
+            for b in self.batches:
+                if b > 1:
+                    pts.append({"step": "join", "contexts": [ctx] * b})
+                    pts.append({"step": "leave", "contexts": [ctx] * b})
         pts.append({"step": "overhead"})
         for p in pts:
             p["key"] = key_of(p)

@@ -120,7 +120,8 @@ class Profiler:
             dt = _timed(lambda: batch.sync(ids if join else ids[:-1], caches))
             if i >= self.grid.warmup:
                 times.append(dt)
-        return times, {"batch": len(ctx)}
+        after = ctx if join else ctx[:-1]
+        return times, {"batch": len(after), "context_sum": sum(after)}
 
     def _overhead(self, p: dict):
         """Host work per iteration: time between engine calls on a short real run, over iterations."""

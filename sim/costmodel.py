@@ -25,12 +25,13 @@ class ProfileError(ValueError):
 
 class CostModel(Protocol):
     iteration: float  # host work per scheduler iteration (policy, bookkeeping), seconds
-    join: float  # a request merging into the batch decode cache
-    leave: float  # a request leaving it
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 
     def decode(self, contexts: Sequence[int]) -> float: ...
+
+    def membership(self, joined: int, left: int, context_sum: int) -> float:
+        """Rebuilding the batch cache when requests join or leave it (a copy of the whole batch)."""
 
 
 def prefill_features(chunk, prefix):
@@ -48,8 +49,16 @@ class LinearCostModel:
     prefill_coef: tuple[float, float, float]
     decode_coef: tuple[float, float, float]
     iteration: float = 0.0
-    join: float = 0.0
-    leave: float = 0.0
+    join: tuple[float, float] = (0.0, 0.0)  # a + b*context_sum, once per call where requests join
+    leave: tuple[float, float] = (0.0, 0.0)  # the same where requests leave
+
+    def membership(self, joined: int, left: int, context_sum: int) -> float:
+        t = 0.0
+        if joined:
+            t += self.join[0] + self.join[1] * context_sum
+        if left:
+            t += self.leave[0] + self.leave[1] * context_sum
+        return t
 
     def prefill(self, chunk: int, prefix: int) -> float:
         a, b, c = self.prefill_coef
@@ -71,8 +80,6 @@ class GridCostModel:
     prefill_points: np.ndarray  # rows: chunk, prefix, seconds
     decode_points: np.ndarray  # rows: batch, mean context, seconds
     iteration: float = 0.0
-    join: float = 0.0
-    leave: float = 0.0
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +97,9 @@ class GridCostModel:
     def decode(self, contexts: Sequence[int]) -> float:
         v = float(self._dc(len(contexts), sum(contexts) / len(contexts)))
         return v if np.isfinite(v) else self.linear.decode(contexts)
+
+    def membership(self, joined: int, left: int, context_sum: int) -> float:
+        return self.linear.membership(joined, left, context_sum)
 
 
 REQUIRED = ("model", "device", "cost")
@@ -124,11 +134,20 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     """The cost model a profile asks for (`cost.use`: "fit", the default, or "grid")."""
     c = prof["cost"]
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]),
-                          float(c.get("iteration", 0.0)), float(c.get("join", 0.0)), float(c.get("leave", 0.0)))
+                          float(c.get("iteration", 0.0)), _pair(c.get("join")), _pair(c.get("leave")))
     if c.get("use", "fit") == "grid":
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),
-                             lin.iteration, lin.join, lin.leave)
+                             lin.iteration)
     return lin
+
+
+def _pair(v) -> tuple[float, float]:
+    """`join`/`leave` as (a, b); a bare number is a constant cost."""
+    if v is None:
+        return (0.0, 0.0)
+    if isinstance(v, (int, float)):
+        return (float(v), 0.0)
+    return (float(v[0]), float(v[1]))
 
 
 def check_profile_matches(prof: dict, model: str | None = None, device: str | None = None,

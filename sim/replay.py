@@ -21,8 +21,9 @@ def call_cost(cost: CostModel, state: EngineState, work: Work) -> float:
         if isinstance(work, Prefill):
             return cost.prefill(work.tokens, state.queued[work.rid].prefilled)
         joined, left = state.batch_change(work)
-        t = cost.decode([state.ready[rid].context for rid in work.rids])
-        return t + joined * cost.join + left * cost.leave
+        contexts = [state.ready[rid].context for rid in work.rids]
+        t = cost.decode(contexts)
+        return t + cost.membership(joined, left, sum(contexts)) if joined or left else t
     except (KeyError, AttributeError):
         state.check(work)  # raises EngineError saying what the policy got wrong
         raise
