@@ -1,0 +1,1 @@
+"""Everything that runs real MLX kernels: model, step functions, profiler, fit, spot checks."""
