@@ -107,21 +107,27 @@ class Profiler:
         return self._membership(p, join=False)
 
     def _membership(self, p: dict, join: bool):
-        """Time one request joining (merge/extend) or leaving (filter) a batch, beyond a plain step."""
+        """The extra time of a decode call in which a request joins (merge/extend) or leaves (filter).
+
+        Timed as sync + the first step after it, minus a steady step of the new batch: the first
+        step on freshly copied buffers is slower too, and the real engine pays both.
+        """
         ctx = p["contexts"]
         ids = [str(i) for i in range(len(ctx))]
+        before, after = (ids[:-1], ids) if join else (ids, ids[:-1])
         times = []
         for i in range(self.grid.warmup + self.grid.repeats):
             caches = {rid: sliced(self.master, c) for rid, c in zip(ids, ctx)}
             batch = DecodeBatch(self.lm)
-            batch.sync(ids[:-1] if join else ids, caches)
+            batch.sync(before, caches)
+            batch.step([1] * len(before))
             if not join:
                 del caches[ids[-1]]  # a finished request leaves: nothing to write back
-            dt = _timed(lambda: batch.sync(ids if join else ids[:-1], caches))
+            changed = _timed(lambda: (batch.sync(after, caches), batch.step([1] * len(after))))
+            steady = _timed(lambda: batch.step([1] * len(after)))
             if i >= self.grid.warmup:
-                times.append(dt)
-        after = ctx if join else ctx[:-1]
-        return times, {"batch": len(after), "context_sum": sum(after)}
+                times.append(max(0.0, changed - steady))
+        return times, {"batch": len(after), "context_sum": sum(ctx[:len(after)])}
 
     def _overhead(self, p: dict):
         """Host work per iteration: time between engine calls on a short real run, over iterations."""
