@@ -6,7 +6,7 @@ from policies.chunked import Chunked, eager
 from policies.fifo import Fifo
 
 POLICIES = {
-    "fifo": ("one request at a time: its whole prefill (or budget-sized chunks), then all its decodes",
+    "fifo": ("one request at a time: its whole prefill, then all its decodes (the meTile FIFO reference)",
              lambda o: Fifo(o)),
     "eager": ("a request's whole prompt in one prefill call, then one decode for every active request",
               eager),
@@ -15,7 +15,7 @@ POLICIES = {
 }
 
 OPTION_HELP = {
-    "budget": "prompt tokens per iteration (chunked; fifo: chunk size; eager ignores it)",
+    "budget": "prompt tokens per iteration (chunked; fifo and eager prefill whole prompts)",
     "batch_size": "maximum requests decoding at once",
     "decode": "batched (one call for all) | single (one call per request)",
     "order": "chunk-first (tiny-llm) | decode-first (meTile)",

@@ -110,23 +110,56 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
                    help="batched: one call for all; single: one call per request")
     g.add_argument("--order", nargs=n, choices=["chunk-first", "decode-first"],
                    default=["chunk-first"] if many else "chunk-first")
+    if many:
+        g.add_argument("--setting", nargs="+", metavar="POLICY[:KEY=VALUE,...]",
+                       help="explicit settings instead of a grid, e.g. eager "
+                            "chunked:budget=128,order=decode-first (keys: budget, batch_size, decode, order; "
+                            "unset keys take the first value of the grid options)")
 
 
 def settings_from_args(args: argparse.Namespace) -> list[dict]:
-    """The grid of settings the arguments name; eager ignores budgets, so it appears once."""
+    """The settings the arguments name: explicit `--setting`s, or the grid of the policy options.
+
+    eager and fifo prefill whole prompts, so budgets do not multiply them.
+    """
     as_list = lambda v: v if isinstance(v, list) else [v]
+    if getattr(args, "setting", None):
+        first = {k: as_list(getattr(args, k))[0] for k in ("budget", "batch_size", "decode", "order")}
+        combos = [parse_setting(text, first) for text in args.setting]
+    else:
+        combos = [{"policy": pol, "budget": bud, "batch_size": bs, "decode": dec, "order": order}
+                  for pol, bud, bs, dec, order in itertools.product(
+                      as_list(args.policy), as_list(args.budget), as_list(args.batch_size),
+                      as_list(args.decode), as_list(args.order))]
     out, seen = [], set()
-    for pol, bud, bs, dec, order in itertools.product(as_list(args.policy), as_list(args.budget),
-                                                       as_list(args.batch_size), as_list(args.decode),
-                                                       as_list(args.order)):
-        s = {"policy": pol, "budget": None if pol == "eager" else bud, "batch_size": bs,
-             "decode": dec, "order": order}
+    for s in combos:
+        if s["policy"] in ("eager", "fifo"):
+            s["budget"] = None
         policies.make(**s)  # fail early on a bad setting
         key = tuple(s.values())
         if key not in seen:
             seen.add(key)
             out.append(s)
     return out
+
+
+def parse_setting(text: str, defaults: dict) -> dict:
+    """`chunked:budget=128,order=decode-first` -> a setting dict; ValueError naming the bad part."""
+    name, _, rest = text.partition(":")
+    s = {"policy": name, **defaults}
+    for item in filter(None, rest.split(",")):
+        key, eq, val = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in defaults:
+            raise ValueError(f"--setting {text!r}: expected KEY=VALUE with KEY one of {', '.join(defaults)}")
+        if key in ("budget", "batch_size"):
+            try:
+                s[key] = int(val)
+            except ValueError:
+                raise ValueError(f"--setting {text!r}: {key} must be a whole number, got {val!r}") from None
+        else:
+            s[key] = val
+    return s
 
 
 def setting_label(s: dict) -> str:
