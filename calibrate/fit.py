@@ -100,7 +100,8 @@ def fit_copy(samples: list[dict]) -> list[float]:
         return [0.0, 0.0]
     X = np.array([[1.0, s["context_sum"]] for s in samples])
     y = np.array([s["seconds"] for s in samples])
-    res = lsq_linear(X / y[:, None], np.ones(len(y)), bounds=(0, np.inf))
+    w = 1.0 / np.maximum(y, 1e-3)  # extra times can be ~0 (noise): weigh them as 1 ms
+    res = lsq_linear(X * w[:, None], y * w, bounds=(0, np.inf))
     for s, f in zip(samples, X @ res.x):
         s["fitted"] = float(f)
     return [float(c) for c in res.x]
