@@ -48,7 +48,7 @@ def key_of(p: dict) -> str:
     return f"{p['step']}:{kind}{','.join(map(str, p['contexts']))}"
 
 
-QUICK = Grid(chunks=[16, 32, 64, 128, 256], offsets=[0, 256, 768], batches=[1, 2, 4, 8],
+QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256], offsets=[0, 256, 768], batches=[1, 2, 4, 8],
              contexts=[128, 512, 1024], mixed=[[64, 1024], [128, 256, 512, 1024], [96, 96, 96, 96, 960, 960]],
              repeats=3, warmup=1)
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 512, 1024, 2048],
