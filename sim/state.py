@@ -17,7 +17,7 @@ class EngineError(RuntimeError):
     """A policy asked for work that the engine cannot do (a bug in the policy)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestState:
     req: Request
     prefilled: int = 0  # prompt tokens in the cache
@@ -119,10 +119,10 @@ class EngineState:
         """Record that `work` ran from `start` to `end`, and advance the requests it touched."""
         if start < self.now or end < start:
             raise EngineError(f"time went backwards: call [{start}, {end}] after {self.now}")
-        self.check(work)
         self.now = end
         tokens = self.log.tokens
         if isinstance(work, Prefill):
+            self.check(work)
             s = self.queued[work.rid]
             self.log.calls.append(Call("prefill", start, end, (work.rid,), work.tokens, s.prefilled,
                                        iteration=self.iteration))
@@ -133,11 +133,18 @@ class EngineState:
                 tokens[work.rid].append(end)
                 self._ready_or_finish(s)
             return
+        if not isinstance(work, Decode) or not work.rids or len(set(work.rids)) != len(work.rids):
+            self.check(work)  # raises EngineError saying what is wrong
+        try:
+            states = [self.ready[rid] for rid in work.rids]
+        except KeyError:
+            self.check(work)  # raises EngineError naming the request
+            raise
         joined, left = self.batch_change(work)
         contexts = []
-        for rid in work.rids:
-            s = self.ready[rid]
-            contexts.append(s.context)
+        for s in states:
+            rid = s.req.id
+            contexts.append(s.req.prompt_len + s.generated)
             s.generated += 1
             tokens[rid].append(end)
             if s.generated == s.req.output_len:
