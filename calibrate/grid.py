@@ -12,7 +12,8 @@ class Grid:
     contexts: list[int]  # decode context lengths (every request equal)
     mixed: list[list[int]] = field(default_factory=list)  # decode batches with mixed contexts
     repeats: int = 3
-    warmup: int = 1
+    warmup: int = 1  # untimed runs per point (the master-cache build warms every kernel once anyway)
+    copy_batches: list[int] | None = None  # batch sizes for join/leave points (default: all but 1)
 
     def max_context(self) -> int:
         return max([o + c for o in self.offsets for c in self.chunks] + self.contexts
@@ -26,7 +27,7 @@ class Grid:
                 pts.append({"step": "decode", "contexts": [ctx] * b, "batched": b > 1})
         pts += [{"step": "decode", "contexts": list(m), "batched": True} for m in self.mixed]
         for ctx in sorted({min(self.contexts), max(self.contexts)}):  # batch copies scale with context
-            for b in self.batches:
+            for b in self.copy_batches or self.batches:
                 if b > 1:
                     pts.append({"step": "join", "contexts": [ctx] * b})
                     pts.append({"step": "leave", "contexts": [ctx] * b})
@@ -50,7 +51,7 @@ def key_of(p: dict) -> str:
 
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256], offsets=[0, 256, 768], batches=[1, 2, 4, 8],
              contexts=[128, 512, 1024], mixed=[[64, 1024], [128, 256, 512, 1024], [96, 96, 96, 96, 960, 960]],
-             repeats=3, warmup=1)
+             repeats=3, warmup=0, copy_batches=[2, 8])
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 512, 1024, 2048],
             batches=[1, 2, 4, 8, 16], contexts=[64, 256, 1024, 2048],
             mixed=[[64, 2048], [128, 256, 512, 1024], [32] * 7 + [2048], [256, 1024, 1024, 2048, 64, 64]],
