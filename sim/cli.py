@@ -21,7 +21,9 @@ COMMANDS = {
     "traces": "sim.commands.traces_cmd",
     "calibrate": "calibrate.cmd_calibrate",
     "confirm": "calibrate.cmd_confirm",
-    "sweep": "sim.commands.sweep", "report": "sim.commands.report",
+    "sweep": "sim.commands.sweep",
+    "report": "sim.commands.report",
+    "tune": "calibrate.cmd_tune",
 }
 
 

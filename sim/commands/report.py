@@ -1,0 +1,36 @@
+"""`pdsim report`: an offline HTML page, PNGs and JSON from a sweep, a confirm report, a profile, a run."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sim.report import make_report
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "report", help="HTML page (altair, opens offline), PNGs and JSON from sweep/confirm/profile/simulate output",
+        description="Draw whichever inputs are given: the throughput/latency trade-off and gap percentiles of a "
+                    "sweep, gap distributions and a per-request timeline from event logs, predicted vs measured "
+                    "from a confirm report, and calibration quality from a profile. Charts without their input "
+                    "are skipped with a note.")
+    p.add_argument("--sweep", metavar="DIR", help="a `pdsim sweep -o` directory (results.json, logs/)")
+    p.add_argument("--confirm", metavar="FILE", help="a `pdsim confirm` report (JSON)")
+    p.add_argument("--profile", metavar="FILE", help="a `pdsim calibrate` profile with its samples (JSON)")
+    p.add_argument("--simulate", metavar="FILE", help="the JSON of `pdsim simulate --json-out`")
+    p.add_argument("--latency", metavar="METRIC", help="latency axis of the trade-off (default: the sweep's)")
+    p.add_argument("--no-png", action="store_true", help="only the HTML page and report.json")
+    p.add_argument("-o", "--out", required=True, metavar="OUTDIR", help="write report.html, *.png, report.json here")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing report in OUTDIR")
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = make_report(args.out, args.sweep, args.confirm, args.profile, args.simulate, args.latency,
+                      args.overwrite, not args.no_png)
+    out = Path(args.out)
+    for name, chart in doc["charts"].items():
+        print(f"chart {name}: {chart['title']}" + (f" -> {out / chart['png']}" if "png" in chart else ""))
+    for name, why in doc["skipped"].items():
+        print(f"chart {name}: {why}")
+    print(f"wrote {out / 'report.html'} (opens offline) and {out / 'report.json'}")
+    return 0

@@ -1,0 +1,255 @@
+"""Sweeps: replay traces under a grid of settings, one row of metrics per (setting, trace, rate scale).
+
+Every point runs through `evaluate`, whether in this process, in local worker processes or on a
+Dask cluster, so the three executors give the same numbers. Workers receive the traces and the
+profile once (a pool initializer, or a Dask scatter), then only small tasks go out and flat metric
+dicts come back: the event logs stay in the worker unless asked for.
+"""
+from __future__ import annotations
+
+import gc
+import itertools
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Iterable
+from uuid import uuid4
+
+import policies
+from sim.costmodel import cost_model
+from sim.metrics import Slo, score
+from sim.replay import simulate
+from traces.trace import Request, Trace
+
+SETTING_KEYS = ("policy", "budget", "batch_size", "decode", "order")
+
+
+class SweepError(ValueError):
+    """A sweep that cannot run (empty grid, unreachable cluster); the message says which."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of the grid: a policy setting on one trace at one arrival-rate scale."""
+    setting: dict
+    trace: str
+    rate_scale: float = 1.0
+
+    @property
+    def label(self) -> str:
+        from sim.commands.common import setting_label
+        return setting_label(self.setting)
+
+
+@dataclass
+class Inputs:
+    """What every worker needs once: the traces by name, the profile, the scoring options."""
+    traces: dict[str, Trace]
+    profile: dict
+    slo: Slo | None = None
+    stall_ms: float = 100.0
+    resumption: bool | None = None  # None: metrics' default (only for small traces)
+    sha256: dict[str, str] = field(default_factory=dict)
+    token: str = field(default_factory=lambda: uuid4().hex)  # names this sweep's inputs on Dask workers
+
+    def __post_init__(self) -> None:
+        for name, tr in self.traces.items():
+            self.sha256.setdefault(name, tr.sha256())
+
+
+def grid(settings: list[dict], traces: Iterable[str], rate_scales: Iterable[float] = (1.0,)) -> list[Point]:
+    """Every (trace, rate scale, setting) combination, in that nesting order."""
+    traces, rate_scales = list(traces), list(rate_scales)
+    for what, items in (("settings", settings), ("traces", traces), ("rate scales", rate_scales)):
+        if not items:
+            raise SweepError(f"empty grid: no {what} to sweep")
+    for f in rate_scales:
+        if not f > 0:
+            raise SweepError(f"rate scale must be > 0, got {f}")
+    return [Point(dict(s), t, float(f)) for t, f, s in itertools.product(traces, rate_scales, settings)]
+
+
+def scale_rate(trace: Trace, factor: float) -> Trace:
+    """The same requests arriving `factor` times as fast (arrival times divided by `factor`)."""
+    if factor == 1.0:
+        return trace
+    reqs = [Request(r.id, r.arrival / factor, r.prompt_len, r.output_len, r.prompt_ids, r.hash_ids, r.prefilled)
+            for r in trace.requests]
+    return Trace(reqs, dict(trace.meta, rate_scale=factor * trace.meta.get("rate_scale", 1.0)))
+
+
+def evaluate(trace: Trace, setting: dict, cost, slo: Slo | None, stall_ms: float,
+             resumption: bool | None = None, keep_log: bool = False) -> tuple[dict, dict | None]:
+    """Simulate one setting and score it; (metrics, log as a dict if `keep_log`).
+
+    The cyclic garbage collector is paused during the replay: the log is millions of small
+    objects that all stay alive, and scanning them over and over costs a fifth of the run.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        log = simulate(trace, policies.make(**setting), cost)
+        metrics = score(log, slo, stall_ms, resumption=resumption)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return metrics, (log.to_dict() if keep_log else None)
+
+
+def row_of(point: Point, inputs: Inputs, metrics: dict) -> dict:
+    """The DataFrame row: where the point is in the grid, then every metric."""
+    row = {"trace": point.trace, "rate_scale": point.rate_scale, "label": point.label}
+    row.update({k: point.setting.get(k) for k in SETTING_KEYS})
+    row["trace_sha256"] = inputs.sha256[point.trace]
+    row.update(metrics)
+    return row
+
+
+# --- the worker side: module state set once per process by the pool initializer -------------
+
+_WORKER: dict = {}
+
+
+def _init_worker(inputs: Inputs) -> None:
+    _WORKER.clear()
+    _WORKER.update(inputs=inputs, cost=cost_model(inputs.profile), scaled={})
+    gc.collect()
+    gc.freeze()  # the traces never change: keep them out of every later collection
+
+
+def _trace_for(inputs: Inputs, scaled: dict, point: Point) -> Trace:
+    key = (point.trace, point.rate_scale)
+    if key not in scaled:
+        scaled[key] = scale_rate(inputs.traces[point.trace], point.rate_scale)
+    return scaled[key]
+
+
+def _run_local(point: Point, keep_log: bool) -> tuple[dict, dict | None]:
+    w = _WORKER
+    inp: Inputs = w["inputs"]
+    return evaluate(_trace_for(inp, w["scaled"], point), point.setting, w["cost"], inp.slo, inp.stall_ms,
+                    inp.resumption, keep_log)
+
+
+_DASK_CACHE: dict = {}
+
+
+def _run_dask(point: Point, keep_log: bool, inputs: Inputs) -> tuple[dict, dict | None]:
+    """On a Dask worker: `inputs` is the scattered copy; its cost model and scaled traces are cached
+    for the sweep that sent it (a new sweep replaces the cache)."""
+    cache = _DASK_CACHE.get(inputs.token)
+    if cache is None:
+        _DASK_CACHE.clear()
+        cache = _DASK_CACHE[inputs.token] = {"cost": cost_model(inputs.profile), "scaled": {}}
+    return evaluate(_trace_for(inputs, cache["scaled"], point), point.setting, cache["cost"], inputs.slo,
+                    inputs.stall_ms, inputs.resumption, keep_log)
+
+
+# --- the driver side ---------------------------------------------------------------------------
+
+def work_estimate(point: Point, trace: Trace) -> float:
+    """A rough count of engine calls, used only to start the longest runs first (better packing)."""
+    out = sum(r.output_len for r in trace.requests)
+    prompt = sum(r.prompt_len for r in trace.requests)
+    s = point.setting
+    one_at_a_time = s["policy"] == "fifo" or s.get("decode") == "single"
+    return out / (1 if one_at_a_time else s.get("batch_size", 4)) + prompt / (s.get("budget") or 1e9)
+
+
+def run_points(points: list[Point], inputs: Inputs, workers: int | None = None, scheduler: str | None = None,
+               keep_logs: bool = False, progress: bool = True,
+               connect_timeout: float = 10.0) -> list[tuple[dict, dict | None]]:
+    """(metrics, log dict or None) for each point, in the order given.
+
+    `scheduler`: a Dask scheduler address (tcp://host:port) or a `distributed.Client`; otherwise
+    `workers` local processes (default: one per core; 1 runs in this process).
+    """
+    if not points:
+        raise SweepError("empty grid: no settings to sweep")
+    for p in points:
+        if p.trace not in inputs.traces:
+            raise SweepError(f"point {p.label} names trace {p.trace!r}, which the sweep was not given")
+    if scheduler is not None:
+        return _run_on_dask(points, inputs, scheduler, keep_logs, progress, connect_timeout)
+    workers = min(workers or os.cpu_count() or 1, len(points))
+    if workers == 1:
+        _init_worker(inputs)
+        try:
+            return [_run_local(p, keep_logs) for p in _bar(points, len(points), progress)]
+        finally:
+            _WORKER.clear()
+            gc.unfreeze()
+    order = sorted(range(len(points)), key=lambda i: -work_estimate(points[i], inputs.traces[points[i].trace]))
+    results: list = [None] * len(points)
+    pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_init_worker, initargs=(inputs,))
+    try:
+        futures = {pool.submit(_run_local, points[i], keep_logs): i for i in order}
+        for fut in _bar(as_completed(futures), len(points), progress):
+            results[futures[fut]] = fut.result()
+    except BaseException:  # Ctrl-C or a failed run: do not wait for the queued runs
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
+
+
+def _context():
+    """fork on Linux: scripts and notebooks need no `if __name__ == "__main__"` guard, and workers
+    start in milliseconds. Elsewhere (macOS) the platform's safe default, spawn."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if sys.platform == "linux" and "fork" in methods else None)
+
+
+def _run_on_dask(points, inputs, scheduler, keep_logs, progress, timeout):
+    from dask.distributed import Client
+    from dask.distributed import as_completed as dask_completed
+    own = isinstance(scheduler, str)
+    if own:
+        try:
+            client = Client(scheduler, timeout=timeout, set_as_default=False)
+        except Exception as e:  # OSError, TimeoutError, ValueError for a malformed address
+            reason = " ".join(str(e).split()) or type(e).__name__
+            raise SweepError(f"Dask scheduler {scheduler!r} does not answer ({reason[:160]})") from None
+    else:
+        client = scheduler
+    try:
+        [shared] = client.scatter([inputs], broadcast=True, hash=False)
+        futures = [client.submit(_run_dask, p, keep_logs, shared, pure=False) for p in points]
+        index = {f.key: i for i, f in enumerate(futures)}
+        results: list = [None] * len(points)
+        for fut in _bar(dask_completed(futures, loop=client.loop), len(points), progress):
+            results[index[fut.key]] = fut.result()
+        return results
+    finally:
+        if own:
+            client.close()
+
+
+def _bar(items, total: int, progress: bool):
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+    return tqdm(items, total=total, desc="sweep", unit="run", smoothing=0)
+
+
+def run_sweep(points: list[Point], inputs: Inputs, workers: int | None = None, scheduler=None,
+              progress: bool = True, connect_timeout: float = 10.0):
+    """Run the grid; a pandas DataFrame with one row per point, in grid order."""
+    import pandas as pd
+    results = run_points(points, inputs, workers, scheduler, False, progress, connect_timeout)
+    return pd.DataFrame([row_of(p, inputs, m) for p, (m, _) in zip(points, results)])
+
+
+def known_metrics(goodput: bool = True) -> list[str]:
+    """Every metric name `score` can produce, found by scoring a two-request replay.
+
+    Asking the metrics module itself keeps this list right when metrics are added.
+    """
+    from sim.costmodel import LinearCostModel
+    from traces.generators import fixed
+    tr = fixed([0.0, 0.0], [8, 8], [3, 3], ids=["A", "B"], prefilled=["A"])
+    log = simulate(tr, policies.make("eager"), LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-4, 0.0)))
+    return list(score(log, Slo(ttft=1.0) if goodput else None, resumption=True))
+
