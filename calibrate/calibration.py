@@ -10,6 +10,7 @@ from calibrate.grid import Grid
 from calibrate.host import host_info
 from calibrate.model import build_model
 from calibrate.profiler import run_grid
+from sim.costmodel import load_profile
 from sim.errors import UserError
 from sim.files import atomic_write_json
 
@@ -46,5 +47,17 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     }
     atomic_write_json(out, prof, overwrite=overwrite)
     partial.unlink(missing_ok=True)
+    prof["_path"] = str(out)
+    return prof
+
+
+def refit(source: Path, out: Path, seed: int = 0, overwrite: bool = False) -> dict:
+    """Fit the samples of an existing profile again (no measuring) and write the result to `out`."""
+    prof = load_profile(source)
+    if "samples" not in prof:
+        raise UserError(f"profile {source} has no samples to fit (the built-in illustrative one has none)")
+    prof.pop("_path")
+    prof.update(fit_profile(prof["samples"], seed=seed), refit_of=str(source), created=stamp())
+    atomic_write_json(out, prof, overwrite=overwrite)
     prof["_path"] = str(out)
     return prof

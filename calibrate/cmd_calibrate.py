@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, help="override the timed repeats per point")
     p.add_argument("--seed", type=int, default=0, help="seed of the point order and the held-out split")
     p.add_argument("--overwrite", action="store_true", help="replace an existing profile")
+    p.add_argument("--refit", metavar="PROFILE",
+                   help="no measuring: fit again the samples of an existing profile (e.g. after the cost "
+                        "model's forms changed) and write the result to -o")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -43,8 +46,13 @@ def default_profile_path(model: str, device_kind: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from calibrate.calibration import calibrate
+    from calibrate.calibration import calibrate, refit
     from calibrate.grid import GRIDS
+    if args.refit:
+        if not args.out:
+            raise ValueError("--refit needs -o for the refitted profile")
+        report(refit(Path(args.refit), Path(args.out), args.seed, args.overwrite), "refit", 0.0)
+        return 0
     grid_name = args.grid or ("quick" if args.quick else "full")
     overrides = {k: getattr(args, k) for k in ("chunks", "offsets", "batches", "contexts", "repeats")
                  if getattr(args, k) is not None}
@@ -56,7 +64,11 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     prof = calibrate(args.model, grid, out, dtype=args.dtype, quant_bits=args.quant_bits,
                      weights=args.weights, seed=args.seed, overwrite=args.overwrite)
-    wall = time.perf_counter() - t0
+    report(prof, grid_name, time.perf_counter() - t0)
+    return 0
+
+
+def report(prof: dict, grid_name: str, wall: float) -> None:
     print(f"calibrated {prof['model']['name']} ({prof['model']['dtype']}) on {prof['device']['name']}, "
           f"BLAS: {prof['device']['blas']}")
     print(f"grid {grid_name}: {len(prof['samples'])} points in {wall:.0f} s")
@@ -64,11 +76,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {step:8s} held-out relative error ({e['held_out']} points): form mean {e['form_mean']:.1%} "
               f"max {e['form_max']:.1%}; grid interpolation mean {e['grid_mean']:.1%} max {e['grid_max']:.1%}")
     c = prof["cost"]
-    per = lambda ab: f"{ab[0] * 1e3:.2f} ms + {ab[1] * 1e6:.3f} us/context token"
+    per = lambda abc: f"{abc[0] * 1e3:.1f} ms + {abc[1] * 1e3:.1f} ms/row + {abc[2] * 1e6:.1f} us/row-token"
     print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms; batch join {per(c['join'])}; "
           f"leave {per(c['leave'])}; the profile uses: {c['use']}")
     print(f"wrote {prof['_path']}")
-    return 0
 
 
 def stamp() -> str:

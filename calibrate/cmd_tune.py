@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
                 raise
             print(f"cached profile not usable ({e}); calibrating again")
             reuse = False
-    print(f"\n[1/4] calibrate: " + (f"reusing {profile}" if reuse else f"quick calibration -> {profile}"))
+    print("\n[1/4] calibrate: " + (f"reusing {profile}" if reuse else f"quick calibration -> {profile}"))
     if not reuse and main(["calibrate", "--model", args.model, "--quick", "-o", str(profile), "--overwrite"]):
         return 1
     prof = load_profile(profile)

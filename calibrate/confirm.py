@@ -29,7 +29,7 @@ from sim.files import atomic_write_json
 from sim.log import EventLog
 from sim.metrics import score
 from sim.replay import simulate
-from traces.trace import Request, Trace
+from traces.trace import Trace
 
 COMPARED = ["decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "p99_itl_ms",
             "max_itl_ms", "resume_gap_max_ms", "p50_ttft_ms", "p95_ttft_ms", "output_tok_s", "makespan_s"]

@@ -22,7 +22,7 @@ TARGET = 0.05
 def _features(step: str, samples: list[dict]) -> np.ndarray:
     if step == "prefill":
         return prefill_features([s["chunk"] for s in samples], [s["prefix"] for s in samples])
-    return decode_features([s["batch"] for s in samples], [s["context_sum"] for s in samples])
+    return decode_features([s["batch"] for s in samples], [_context_max(s) for s in samples])
 
 
 def fit_form(step: str, samples: list[dict]) -> list[float]:
@@ -35,7 +35,7 @@ def fit_form(step: str, samples: list[dict]) -> list[float]:
 def _grid_points(step: str, samples: list[dict]) -> np.ndarray:
     if step == "prefill":
         return np.array([[s["chunk"], s["prefix"], s["seconds"]] for s in samples], float)
-    return np.array([[s["batch"], s["context_sum"] / s["batch"], s["seconds"]] for s in samples], float)
+    return np.array([[s["batch"], _context_max(s), s["seconds"]] for s in samples], float)
 
 
 def _rel_errors(pred: np.ndarray, samples: list[dict]) -> np.ndarray:
@@ -50,7 +50,12 @@ def _predict(model, step: str, samples: list[dict]) -> np.ndarray:
 
 
 def _contexts(s: dict) -> list[float]:
-    return [s["context_sum"] / s["batch"]] * s["batch"]
+    """A batch with the sample's size and longest context: what the decode form depends on."""
+    return [_context_max(s)] * s["batch"]
+
+
+def _context_max(s: dict) -> float:
+    return s.get("context_max", s["context_sum"] / s["batch"])
 
 
 def fit_profile(samples: list[dict], seed: int = 0) -> dict:
@@ -95,10 +100,10 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
 
 
 def fit_copy(samples: list[dict]) -> list[float]:
-    """Batch-cache rebuild cost, a + b*context_sum (non-negative, relative-error weighted)."""
+    """Batch-cache rebuild cost, a + b*batch + c*batch*max(context) (non-negative, weighted)."""
     if not samples:
-        return [0.0, 0.0]
-    X = np.array([[1.0, s["context_sum"]] for s in samples])
+        return [0.0, 0.0, 0.0]
+    X = decode_features([s["batch"] for s in samples], [_context_max(s) for s in samples])
     y = np.array([s["seconds"] for s in samples])
     w = 1.0 / np.maximum(y, 1e-3)  # extra times can be ~0 (noise): weigh them as 1 ms
     res = lsq_linear(X * w[:, None], y * w, bounds=(0, np.inf))

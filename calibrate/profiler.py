@@ -98,7 +98,7 @@ class Profiler:
                 grown += 1
         # contexts grew by one per step: report the mean context of the timed steps
         mid = self.grid.warmup + (grown + 1) / 2
-        return times, {"batch": len(ctx), "context_sum": sum(c + mid for c in ctx)}
+        return times, {"batch": len(ctx), "context_sum": sum(c + mid for c in ctx), "context_max": max(ctx) + mid}
 
     def _join(self, p: dict):
         return self._membership(p, join=True)
@@ -127,7 +127,8 @@ class Profiler:
             steady = _timed(lambda: batch.step([1] * len(after)))
             if i >= self.grid.warmup:
                 times.append(max(0.0, changed - steady))
-        return times, {"batch": len(after), "context_sum": sum(ctx[:len(after)])}
+        rows = ctx[:len(after)]
+        return times, {"batch": len(rows), "context_sum": sum(rows), "context_max": max(rows)}
 
     def _overhead(self, p: dict):
         """Host work per iteration: time between engine calls on a short real run, over iterations."""

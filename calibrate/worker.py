@@ -18,10 +18,13 @@ from sim.files import atomic_write_json
 from traces.trace import Request, Trace, load_jsonl
 
 
-def warmup_trace(trace: Trace, n: int = 2, outputs: int = 4) -> Trace:
-    """The first requests of the trace with few outputs: every kernel shape family runs once."""
-    reqs = [Request(r.id, 0.0, r.prompt_len, min(r.output_len, outputs), r.prompt_ids, prefilled=r.prefilled)
-            for r in trace.requests[:n]]
+def warmup_trace(trace: Trace, n: int = 2, outputs: int = 4, prompt: int = 64) -> Trace:
+    """The first requests of the trace, cut short: every step function runs a few times untimed."""
+    reqs = []
+    for r in trace.requests[:n]:
+        p = min(r.prompt_len, prompt)
+        ids = None if r.prompt_ids is None else r.prompt_ids[:p]
+        reqs.append(Request(r.id, 0.0, p, min(r.output_len, outputs), ids, prefilled=r.prefilled))
     return Trace(reqs, {"source": "warmup"})
 
 

@@ -29,6 +29,20 @@ def atomic_write_text(path: str | Path, text: str, overwrite: bool = False) -> N
         raise
 
 
+def read_json_object(path: str | Path, what: str, error: type[Exception] = ValueError) -> dict:
+    """Read a JSON object; raise `error` with one line naming `what`, the file and the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what} {path}: no such file")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{what} {path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise error(f"{what} {path}: expected a JSON object")
+    return data
+
+
 def atomic_write_json(path: str | Path, obj, overwrite: bool = False) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, default=_jsonable) + "\n", overwrite=overwrite)
 

@@ -6,10 +6,11 @@ run and a measured run are compared by one piece of code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
+    """One engine call. A named tuple: a long replay makes millions, and tuples are cheap to build."""
     kind: str  # "prefill" or "decode"
     start: float
     end: float

@@ -11,7 +11,7 @@ from policies.base import Policy
 from sim.costmodel import CostModel
 from sim.log import EventLog
 from sim.state import EngineError, EngineState
-from sim.work import Decode, Prefill, Work
+from sim.work import Prefill, Work
 from traces.trace import Trace
 
 
@@ -23,7 +23,7 @@ def call_cost(cost: CostModel, state: EngineState, work: Work) -> float:
         joined, left = state.batch_change(work)
         contexts = [state.ready[rid].context for rid in work.rids]
         t = cost.decode(contexts)
-        return t + cost.membership(joined, left, sum(contexts)) if joined or left else t
+        return t + cost.membership(joined, left, contexts) if joined or left else t
     except (KeyError, AttributeError):
         state.check(work)  # raises EngineError saying what the policy got wrong
         raise

@@ -21,7 +21,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from sim.files import ExistsError, atomic_write_json, atomic_write_text
+from sim.files import ExistsError, atomic_write_json, atomic_write_text, read_json_object
 from sim.log import EventLog
 from sim.metrics import decode_gaps
 
@@ -55,16 +55,7 @@ class Sweep:
 
 
 def _read_json(path: str | Path, what: str) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ReportError(f"{what} {path}: no such file")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ReportError(f"{what} {path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ReportError(f"{what} {path}: expected a JSON object")
-    return data
+    return read_json_object(path, what, ReportError)
 
 
 def _log_of(d, where: str) -> EventLog:

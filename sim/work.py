@@ -1,18 +1,19 @@
-"""The two kinds of engine call a policy can ask for. Both executors run exactly these."""
+"""The two kinds of engine call a policy can ask for. Both executors run exactly these.
+
+Named tuples: immutable like frozen dataclasses, and much cheaper to build in a long replay.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Prefill:
+class Prefill(NamedTuple):
     """Run the next `tokens` prompt tokens of one request, at its current cache offset."""
     rid: str
     tokens: int
 
 
-@dataclass(frozen=True)
-class Decode:
+class Decode(NamedTuple):
     """One decode step producing one token for each request in `rids`.
 
     batched=True runs them as one call on a shared batch cache (requests join and leave it);

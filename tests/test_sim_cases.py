@@ -66,17 +66,17 @@ def test_decode_first_order_and_single_decodes_follow_metile():
 
 
 def test_iteration_overhead_and_batch_membership_costs_are_charged():
-    cost = LinearCostModel((1.0, 1.0, 0.0), (1.0, 0.0, 0.0), iteration=0.5, join=(0.25, 0.0), leave=(0.125, 0.0))
+    cost = LinearCostModel((1.0, 1.0, 0.0), (1.0, 0.0, 0.0), iteration=0.5, join=(0.25, 0, 0), leave=(0.125, 0, 0))
     log = simulate(TRACE, policies.make("eager", None, 2), cost)
     calls = [(c.kind, c.start, c.end, c.joined, c.left) for c in log.calls]
     assert calls == [("prefill", 0.5, 5.5, 0, 0), ("decode", 5.5, 6.75, 1, 0),
                      ("prefill", 7.25, 12.25, 0, 0), ("decode", 12.25, 13.5, 1, 0),
                      ("decode", 14.0, 15.125, 0, 1)]
-    # a batch copy costs more for longer contexts: a + b * (sum of the batch's contexts)
-    by_context = LinearCostModel((1.0, 1.0, 0.0), (1.0, 0.0, 0.0), join=(0.25, 0.01))
+    # a batch copy costs more for more and longer rows: a + b*batch + c*batch*max(context)
+    by_context = LinearCostModel((1.0, 1.0, 0.0), (1.0, 0.0, 0.0), join=(0.25, 0.5, 0.01))
     log = simulate(TRACE, policies.make("eager", None, 2), by_context)
     second = [c for c in log.calls if c.kind == "decode"][1]  # contexts 4+2 and 4+1 when request 1 joins
-    assert second.end - second.start == pytest.approx(1 + 0.25 + 0.01 * (6 + 5))
+    assert second.end - second.start == pytest.approx(1 + 0.25 + 0.5 * 2 + 0.01 * 2 * 6)
 
 
 def test_idle_engine_waits_for_the_next_arrival():

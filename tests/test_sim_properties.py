@@ -33,8 +33,8 @@ costs = st.builds(
     LinearCostModel,
     st.tuples(st.floats(1e-4, 0.05), st.floats(0, 1e-3), st.floats(0, 1e-6)),
     st.tuples(st.floats(1e-4, 0.05), st.floats(0, 1e-3), st.floats(0, 1e-6)),
-    st.floats(0, 1e-3), st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-6)),
-    st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-6)))
+    st.floats(0, 1e-3), st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-4), st.floats(0, 1e-6)),
+    st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-4), st.floats(0, 1e-6)))
 
 
 @settings(max_examples=150, deadline=None)
