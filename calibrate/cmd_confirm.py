@@ -25,18 +25,28 @@ def add_parser(sub) -> None:
     p.add_argument("--stall-ms", type=positive_float, default=100.0)
     p.add_argument("--tolerance", type=positive_float,
                    help="exit 1 if any |relative error| exceeds this (e.g. 0.1)")
+    p.add_argument("--rescore", metavar="REPORT",
+                   help="measure nothing: predict the runs of an existing confirm report again with --profile "
+                        "(e.g. after `pdsim calibrate --refit`) and write a new report")
     p.add_argument("-o", "--out", required=True, help="report JSON (never overwritten)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from calibrate.confirm import confirm
+    from calibrate.confirm import confirm, rescore
     from sim.costmodel import load_profile
-    from sim.table import table
+    from sim.files import read_json_object
     prof = load_profile(args.profile)
-    trace = trace_from_args(args)
-    settings = settings_from_args(args)
-    report = confirm(prof, trace, settings, Path(args.out), args.repeats, args.warmup, args.cooldown,
-                     args.force, args.stall_ms)
+    if args.rescore:
+        report = rescore(read_json_object(args.rescore, "confirm report"), prof, Path(args.out), args.stall_ms,
+                         args.rescore)
+    else:
+        report = confirm(prof, trace_from_args(args), settings_from_args(args), Path(args.out), args.repeats,
+                         args.warmup, args.cooldown, args.force, args.stall_ms)
+    return print_report(report, args.out, args.tolerance)
+
+
+def print_report(report: dict, out: str, tolerance: float | None) -> int:
+    from sim.table import fmt, table
     print(f"gate: chunked logits match one-shot (rtol=atol=1e-3): "
           f"{all(g['ok'] for g in report['gate']['logits'])}; identical greedy tokens across settings: "
           f"{report['gate']['greedy_tokens_identical']} (timed runs: {report['gate']['timed_runs_identical_tokens']})")
@@ -47,12 +57,13 @@ def run(args: argparse.Namespace) -> int:
             err = res["rel_error"][k]
             worst = max(worst, abs(err)) if k != "resume_gap_max_ms" else worst
             rows.append({"metric": k, "predicted": res["predicted"][k], "measured": m["median"],
-                         "range": f"{m['min']:.1f}..{m['max']:.1f}", "error": f"{err:+.1%}"})
-        print(f"\n{res['label']}  ({args.repeats} runs)")
+                         "range": f"{fmt(m['min'])}..{fmt(m['max'])}", "error": f"{err:+.1%}"})
+        print(f"\n{res['label']}  ({report['protocol']['repeats']} runs)")
         print(table(rows, ["metric", "predicted", "measured", "range", "error"],
                     ["metric", "predicted", "measured (median)", "min..max", "rel. error"]))
-    print(f"\nwrote {args.out} ({report['wall_s']:.0f} s)")
-    if args.tolerance and worst > args.tolerance:
-        print(f"largest |relative error| {worst:.1%} exceeds --tolerance {args.tolerance:.1%}")
+    print(f"\nwrote {out}" + (f" ({report['wall_s']:.0f} s)" if "rescored_from" not in report else
+                              f" (rescored {report['rescored_from']} with {report['profile']['path']})"))
+    if tolerance and worst > tolerance:
+        print(f"largest |relative error| {worst:.1%} exceeds --tolerance {tolerance:.1%}")
         return 1
     return 0

@@ -147,11 +147,9 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
     g["timed_runs_identical_tokens"] = all(r["outputs"] == first["outputs"] for r in runs)
     report = {
         "pdsim_confirm": 1,
+        "profile": profile_summary(prof),
         "trace": trace.to_dict(),
         "host": host,
-        "profile": {"path": prof.get("_path"), "model": prof["model"], "device": prof["device"],
-                    "cost": {k: v for k, v in prof["cost"].items() if k not in ("prefill", "decode")} |
-                    {k: {"coef": prof["cost"][k]["coef"]} for k in ("prefill", "decode")}},
         "settings": settings,
         "protocol": {"repeats": repeats, "warmup": warmup, "cooldown_s": cooldown, "fresh_process": True,
                      "order": [[r["repeat"], r["label"]] for r in runs]},
@@ -163,3 +161,26 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
     }
     atomic_write_json(out, report)
     return report
+
+
+def profile_summary(prof: dict) -> dict:
+    cost = {k: v for k, v in prof["cost"].items() if k not in ("prefill", "decode")}
+    cost |= {k: {"form": prof["cost"][k].get("form"), "coef": prof["cost"][k]["coef"]} for k in ("prefill", "decode")}
+    return {"path": prof.get("_path"), "model": prof["model"], "device": prof["device"], "cost": cost}
+
+
+def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source: str | None = None) -> dict:
+    """The same measured runs, predicted again with `prof` (e.g. after a refit); nothing re-run.
+
+    The new report keeps every measurement and says which report and profile it came from.
+    """
+    if out.exists():
+        raise UserError(f"{out} exists; not overwriting it (choose another report path)")
+    trace = Trace.from_dicts(report["trace"]["requests"], report["trace"]["meta"])
+    if trace.sha256() != report["trace"]["sha256"]:
+        raise UserError("the report's trace does not match its SHA-256; refusing to rescore it")
+    runs = [dict(r) for r in report["runs"]]
+    new = dict(report, profile=profile_summary(prof), rescored_from=source, runs=runs,
+               results=compare(prof, trace, report["settings"], runs, stall_ms))
+    atomic_write_json(out, new)
+    return new
