@@ -133,7 +133,8 @@ class EngineState:
                 tokens[work.rid].append(end)
                 self._ready_or_finish(s)
             return
-        if not isinstance(work, Decode) or not work.rids or len(set(work.rids)) != len(work.rids):
+        rids = work.rids if isinstance(work, Decode) else ()
+        if not rids or (len(rids) > 1 and len(set(rids)) != len(rids)):
             self.check(work)  # raises EngineError saying what is wrong
         try:
             states = [self.ready[rid] for rid in work.rids]

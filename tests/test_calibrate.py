@@ -36,6 +36,13 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     model = cost_model(prof)
     assert model.prefill(32, 16) > model.prefill(4, 0) > 0
     assert not (tmp_path / "tiny.json.partial.jsonl").exists()
+    # refitting the samples gives the same fit, and the samples are kept
+    refit = tmp_path / "refit.json"
+    code, _, err = pdsim("calibrate", "--refit", str(out), "-o", str(refit))
+    assert code == 0, err
+    again = load_profile(refit)
+    assert again["cost"]["prefill"]["coef"] == prof["cost"]["prefill"]["coef"]
+    assert again["samples"] == json.loads(out.read_text())["samples"] and again["refit_of"] == str(out)
     # an existing profile is not overwritten
     code, _, err = pdsim("calibrate", "--model", "qwen3-tiny", "--grid", "tiny", "-o", str(out))
     assert code == 2 and "exists" in err

@@ -86,3 +86,19 @@ def test_malformed_trace_and_profile(tmp_path):
     assert code == 2 and "cost.decode.coef" in err and "Traceback" not in err
     code, _, err = run_cli("simulate", "--model", "qwen3-8b")
     assert code == 2 and "not 'qwen3-8b'" in err
+
+
+def test_explicit_settings_parse_and_fail_clearly():
+    import argparse
+    from sim.commands.common import add_policy_args, settings_from_args
+    p = argparse.ArgumentParser()
+    add_policy_args(p, many=True)
+    a = p.parse_args(["--setting", "fifo", "eager", "chunked:budget=32,order=decode-first", "--decode", "single"])
+    assert settings_from_args(a) == [
+        {"policy": "fifo", "budget": None, "batch_size": 4, "decode": "single", "order": "chunk-first"},
+        {"policy": "eager", "budget": None, "batch_size": 4, "decode": "single", "order": "chunk-first"},
+        {"policy": "chunked", "budget": 32, "batch_size": 4, "decode": "single", "order": "decode-first"}]
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        settings_from_args(p.parse_args(["--setting", "chunked:size=3"]))
+    with pytest.raises(ValueError, match="whole number"):
+        settings_from_args(p.parse_args(["--setting", "chunked:budget=x"]))

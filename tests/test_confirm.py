@@ -47,6 +47,13 @@ def test_confirm_end_to_end(profile, tmp_path):
             assert m["min"] == vals[0] and m["max"] == vals[-1]
             assert m["median"] == pytest.approx(sum(vals) / 2)
             assert res["rel_error"][k] == pytest.approx((res["predicted"][k] - m["median"]) / m["median"])
+    # rescoring the same runs with the same profile reproduces the predictions, measuring nothing
+    again = tmp_path / "rescored.json"
+    code, stdout, err = pdsim("confirm", "--profile", str(profile), "--rescore", str(out), "-o", str(again))
+    assert code == 0, err
+    new = json.loads(again.read_text())
+    assert new["rescored_from"] == str(out) and new["runs"] == rep["runs"]
+    assert [r["predicted"] for r in new["results"]] == [r["predicted"] for r in rep["results"]]
     # the report is never overwritten
     code, _, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--budget", "8", "--repeats", "1",
                          "-o", str(out))
