@@ -26,7 +26,8 @@ class Grid:
             for ctx in self.contexts:
                 pts.append({"step": "decode", "contexts": [ctx] * b, "batched": b > 1})
         pts += [{"step": "decode", "contexts": list(m), "batched": True} for m in self.mixed]
-        for ctx in sorted({min(self.contexts), max(self.contexts)}):  # batch copies scale with context
+        mid = sorted(self.contexts)[len(self.contexts) // 2]
+        for ctx in sorted({min(self.contexts), mid}):  # batch copies scale with context (extrapolated above)
             for b in self.copy_batches or self.batches:
                 if b > 1:
                     pts.append({"step": "join", "contexts": [ctx] * b})

@@ -93,15 +93,18 @@ class GridCostModel:
         self._dc = LinearNDInterpolator(self.decode_points[:, :2], self.decode_points[:, 2])
 
     def prefill(self, chunk: int, prefix: int) -> float:
-        key = ("p", chunk, prefix)
+        key = (chunk, prefix, "prefill")
         if key not in self._cache:
             v = float(self._pf(chunk, prefix))
             self._cache[key] = v if np.isfinite(v) else self.linear.prefill(chunk, prefix)
         return self._cache[key]
 
     def decode(self, contexts: Sequence[int]) -> float:
-        v = float(self._dc(len(contexts), max(contexts)))
-        return v if np.isfinite(v) else self.linear.decode(contexts)
+        key = (len(contexts), max(contexts))  # all the decode form depends on
+        if key not in self._cache:
+            v = float(self._dc(*key))
+            self._cache[key] = v if np.isfinite(v) else self.linear.decode(contexts)
+        return self._cache[key]
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
         return self.linear.membership(joined, left, contexts)
