@@ -48,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     from sim.costmodel import ProfileError, check_profile_matches, cost_model, load_profile
     from sim.errors import UserError
 
+    from calibrate.model import QWEN3_CONFIGS
+    if args.model not in QWEN3_CONFIGS:
+        raise UserError(f"unknown model {args.model!r}; known: {', '.join(QWEN3_CONFIGS)}")
     host = host_info()
     preset = PRESETS[host["kind"]]
     out = Path(args.out or f"runs/tune-{args.model}-{host['kind']}")
@@ -71,19 +74,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"cached profile not usable ({e}); calibrating again")
             reuse = False
     print("\n[1/4] calibrate: " + (f"reusing {profile}" if reuse else f"quick calibration -> {profile}"))
-    if not reuse and main(["calibrate", "--model", args.model, "--quick", "-o", str(profile), "--overwrite"]):
-        return 1
+    if not reuse and (code := main(["calibrate", "--model", args.model, "--quick", "-o", str(profile),
+                                    "--overwrite"])):
+        return code
     prof = load_profile(profile)
 
     trace = out / "trace.jsonl"
-    if main(["traces", "gen", "tinyllm", *preset["trace"], "-o", str(trace)]):
-        return 1
+    if code := main(["traces", "gen", "tinyllm", *preset["trace"], "-o", str(trace)]):
+        return code
     slo = args.slo or [default_slo(cost_model(prof))]
     print(f"\n[2/4] sweep on {preset['scale']}; target {' '.join(slo)}, maximizing output tokens/s")
-    if main(["sweep", "--trace", str(trace), "--policy", "fifo", "eager", "chunked", "--budget", *preset["budgets"],
-             "--batch-size", "4", "--profile", str(profile), "--model", args.model, "--slo", *slo,
-             "-o", str(out / "sweep"), "--logs", "2", "--no-progress"]):
-        return 1
+    if code := main(["sweep", "--trace", str(trace), "--policy", "fifo", "eager", "chunked", "--budget",
+                     *preset["budgets"], "--batch-size", "4", "--profile", str(profile), "--model", args.model,
+                     "--slo", *slo, "-o", str(out / "sweep"), "--logs", "2", "--no-progress"]):
+        return code
     sweep = json.loads((out / "sweep" / "results.json").read_text())
     best = sweep["picks"][0]["best"]
     if best is None:
@@ -92,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
     rows = {r["label"]: r for r in sweep["rows"]}
     settings = [spec(rows[best])] + ([spec(rows["eager/bs4"])] if best != "eager/bs4" else [])
     print(f"\n[3/4] confirm the pick {best} against the eager baseline on the real engine")
-    if main(["confirm", "--profile", str(profile), "--trace", str(trace), "--setting", *settings,
-             "--repeats", str(args.repeats), "-o", str(out / "confirm.json")]):
-        return 1
+    if code := main(["confirm", "--profile", str(profile), "--trace", str(trace), "--setting", *settings,
+                     "--repeats", str(args.repeats), "-o", str(out / "confirm.json")]):
+        return code
     print("\n[4/4] report")
     return main(["report", "--sweep", str(out / "sweep"), "--confirm", str(out / "confirm.json"),
                  "--profile", str(profile), "-o", str(out / "report")])

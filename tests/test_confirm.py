@@ -71,3 +71,19 @@ def test_confirm_refuses_mismatched_profile_and_long_trace(profile, tmp_path):
     code, _, err = pdsim("confirm", "--profile", str(profile), "--trace", "metile", "--prompt-len", "5000",
                          "--output-len", "4", "--repeats", "1", "-o", str(tmp_path / "r.json"))
     assert code == 2 and "context" in err and "Traceback" not in err
+
+
+def test_tune_runs_the_whole_loop(profile, tmp_path):
+    """The main job end to end on qwen3-tiny: sweep, pick, confirm on the real engine, report."""
+    out = tmp_path / "tune"
+    code, stdout, err = pdsim("tune", "--model", "qwen3-tiny", "--profile", str(profile), "--repeats", "1",
+                              "-o", str(out))
+    assert code == 0, err
+    assert "[4/4] report" in stdout
+    sweep = json.loads((out / "sweep" / "results.json").read_text())
+    best = sweep["picks"][0]["best"]
+    report = json.loads((out / "confirm.json").read_text())
+    assert report["results"][0]["label"] == best and report["gate"]["ok"]
+    assert (out / "report" / "report.html").stat().st_size > 10_000
+    code, _, err = pdsim("tune", "--model", "qwen3-99b", "-o", str(tmp_path / "t2"))
+    assert code == 2 and "unknown model" in err and not (tmp_path / "t2").exists()
