@@ -29,7 +29,7 @@ from typing import TextIO
 
 import numpy as np
 
-from traces.trace import Request, TraceError
+from traces.trace import Request, TraceError, json_objects
 
 # One parsed row: (file line, data-row index, time in seconds from the format's own origin,
 # prompt length, output length, prefix-block hashes or None).
@@ -293,15 +293,7 @@ def read_mooncake(f: TextIO, r: Reading) -> Iterator[Record]:
     """
     r.meta["block_tokens"] = MOONCAKE_BLOCK_TOKENS
     index = 0
-    for line, text in enumerate(f, 1):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise r.error(line, f"not JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise r.error(line, "expected a JSON object")
+    for line, obj in json_objects(f, r.path):
         try:
             ts, n_in, n_out = obj["timestamp"], obj["input_length"], obj["output_length"]
         except KeyError as e:

@@ -10,6 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from sim.files import atomic_write_text
 
@@ -113,21 +114,27 @@ def request_from_dict(row: dict, where: str) -> Request:
     return r
 
 
+def json_objects(lines: Iterable[str], path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line; a TraceError naming the line otherwise."""
+    for n, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{path} line {n}: not JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{path} line {n}: expected a JSON object")
+        yield n, obj
+
+
 def load_jsonl(path: str | Path) -> Trace:
     """Read a trace saved by `Trace.save_jsonl`."""
     path = Path(path)
     meta: dict = {}
     rows: list[dict] = []
     with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{path} line {n}: not JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise TraceError(f"{path} line {n}: expected a JSON object")
+        for n, obj in json_objects(f, path):
             if "meta" in obj and n == 1:
                 meta = dict(obj["meta"])
                 continue
