@@ -10,6 +10,7 @@ one call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import islice
 
 from policies.base import Options
 from sim.state import EngineState
@@ -23,7 +24,7 @@ class Chunked:
 
     def schedule(self, state: EngineState) -> list[Work]:
         o = self.opts
-        ready = _head(state.ready, o.batch_size + 1)
+        ready = list(islice(state.ready, o.batch_size + 1))  # the slots, and whether one waits
         slots, blocked = ready[:o.batch_size], len(ready) > o.batch_size
         chunk: list[Work] = []
         if state.queued and not blocked:
@@ -35,15 +36,6 @@ class Chunked:
                 slots = slots + [s.rid]
         decodes = o.decodes(slots)
         return chunk + decodes if o.order == "chunk-first" else decodes + chunk
-
-
-def _head(d: dict, n: int) -> list[str]:
-    out = []
-    for k in d:
-        out.append(k)
-        if len(out) == n:
-            break
-    return out
 
 
 def eager(opts: Options) -> Chunked:
