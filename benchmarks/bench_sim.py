@@ -27,7 +27,7 @@ def main() -> None:
             t1 = time.perf_counter()
             m = score(log, resumption=False)
             t2 = time.perf_counter()
-            calls = len(log.calls)
+            calls = log.call_count
             print(f"{n:6d} requests {setting['policy']:8s} {calls:8d} calls  simulate {t1 - t0:6.2f} s "
                   f"({calls / (t1 - t0):9,.0f} calls/s)  metrics {t2 - t1:5.2f} s  "
                   f"simulated makespan {m['makespan_s']:,.0f} s")

@@ -18,6 +18,9 @@ class PolicyError(ValueError):
 
 class Policy(Protocol):
     name: str
+    # True promises: once `schedule` returns decodes only, it returns the same work until a
+    # request arrives or finishes. The replay then prices a whole stretch of decodes at once.
+    steady: bool
 
     def schedule(self, state: EngineState) -> list[Work]:
         """The calls of the next iteration, in order; [] when there is nothing to do now."""

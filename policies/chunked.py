@@ -10,6 +10,7 @@ one call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 from itertools import islice
 
 from policies.base import Options
@@ -21,6 +22,7 @@ from sim.work import Prefill, Work
 class Chunked:
     opts: Options = field(default_factory=lambda: Options(budget=128))
     name: str = "chunked"
+    steady: ClassVar[bool] = True
 
     def schedule(self, state: EngineState) -> list[Work]:
         o = self.opts

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from policies.base import Options
 from sim.state import EngineState
@@ -12,6 +13,7 @@ from sim.work import Prefill, Work
 class Fifo:
     opts: Options = field(default_factory=Options)
     name: str = "fifo"
+    steady: ClassVar[bool] = True
 
     def schedule(self, state: EngineState) -> list[Work]:
         if state.ready:  # the one request in service is decoding

@@ -31,7 +31,15 @@ class CostModel(Protocol):
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 
+    def prefill_steps(self, chunk: int, prefix: int, steps: int) -> np.ndarray:
+        """`prefill` of `steps` consecutive chunks of one prompt, each `chunk` tokens further in;
+        the same floats as `steps` calls of `prefill`."""
+
     def decode(self, contexts: Sequence[int]) -> float: ...
+
+    def decode_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+        """`decode` of `steps` consecutive calls on the same requests, every context one longer
+        each call; the same floats as `steps` calls of `decode`."""
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
         """Rebuilding the batch cache when requests join or leave it (a copy of every padded row)."""
@@ -68,10 +76,19 @@ class LinearCostModel:
         a, b, c = self.prefill_coef
         return a + b * chunk + c * chunk * (prefix + chunk / 2)
 
+    def prefill_steps(self, chunk: int, prefix: int, steps: int) -> np.ndarray:
+        a, b, c = self.prefill_coef
+        return a + b * chunk + c * chunk * (np.arange(prefix, prefix + steps * chunk, chunk) + chunk / 2)
+
     def decode(self, contexts: Sequence[int]) -> float:
         a, b, c = self.decode_coef
         n = len(contexts)
         return a + b * n + c * n * max(contexts)
+
+    def decode_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+        a, b, c = self.decode_coef
+        n = len(contexts)
+        return a + b * n + c * n * np.arange(max(contexts), max(contexts) + steps)
 
 
 @dataclass
@@ -85,7 +102,8 @@ class GridCostModel:
     prefill_points: np.ndarray  # rows: chunk, prefix, seconds
     decode_points: np.ndarray  # rows: batch, longest context, seconds
     iteration: float = 0.0
-    _cache: dict = field(default_factory=dict, repr=False)
+    _prefills: dict = field(default_factory=dict, repr=False)  # (chunk, prefix) -> seconds
+    _decode_rows: dict = field(default_factory=dict, repr=False)  # batch -> seconds by longest context
 
     def __post_init__(self) -> None:
         from scipy.interpolate import LinearNDInterpolator
@@ -93,18 +111,38 @@ class GridCostModel:
         self._dc = LinearNDInterpolator(self.decode_points[:, :2], self.decode_points[:, 2])
 
     def prefill(self, chunk: int, prefix: int) -> float:
-        key = (chunk, prefix, "prefill")
-        if key not in self._cache:
+        key = (chunk, prefix)
+        if key not in self._prefills:
             v = float(self._pf(chunk, prefix))
-            self._cache[key] = v if np.isfinite(v) else self.linear.prefill(chunk, prefix)
-        return self._cache[key]
+            self._prefills[key] = v if np.isfinite(v) else self.linear.prefill(chunk, prefix)
+        return self._prefills[key]
+
+    def prefill_steps(self, chunk: int, prefix: int, steps: int) -> np.ndarray:
+        return np.array([self.prefill(chunk, prefix + j * chunk) for j in range(steps)])
 
     def decode(self, contexts: Sequence[int]) -> float:
-        key = (len(contexts), max(contexts))  # all the decode form depends on
-        if key not in self._cache:
-            v = float(self._dc(*key))
-            self._cache[key] = v if np.isfinite(v) else self.linear.decode(contexts)
-        return self._cache[key]
+        n, longest = len(contexts), max(contexts)
+        if longest != int(longest):  # a fractional context (a fit's mean context): no row for it
+            return float(self._decode_at(n, np.array([longest], float))[0])
+        return float(self._decode_row(n, int(longest) + 1)[int(longest)])
+
+    def decode_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+        longest = max(contexts)
+        return self._decode_row(len(contexts), longest + steps)[longest:longest + steps].copy()
+
+    def _decode_row(self, batch: int, size: int) -> np.ndarray:
+        """Decode seconds for `batch` requests at every longest context below `size` (at least);
+        computed once per batch size, in doubling blocks, since a replay revisits the same shapes."""
+        row = self._decode_rows.get(batch)
+        if row is None or len(row) < size:
+            row = self._decode_rows[batch] = self._decode_at(batch, np.arange(max(1024, 1 << (size - 1).bit_length())))
+        return row
+
+    def _decode_at(self, batch: int, longest: np.ndarray) -> np.ndarray:
+        """Interpolated seconds at these longest contexts; the linear form outside the grid."""
+        v = self._dc(np.full(len(longest), batch), longest)
+        a, b, c = self.linear.decode_coef
+        return np.where(np.isfinite(v), v, a + b * batch + c * batch * longest)
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
         return self.linear.membership(joined, left, contexts)

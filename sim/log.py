@@ -6,7 +6,11 @@ run and a measured run are compared by one piece of code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from functools import partial
+from itertools import chain, repeat
+from typing import Iterable, NamedTuple
+
+import numpy as np
 
 
 class Call(NamedTuple):
@@ -32,11 +36,83 @@ class RequestInfo:
     prefilled: bool = False
 
 
+class Column(NamedTuple):
+    """One call of a stretch's iteration, through all its iterations."""
+    kind: str
+    rids: tuple[str, ...]
+    tokens: int
+    first: int | list[int]  # prefill: the first chunk's prefix; decode: the first call's contexts
+    starts: list[float]
+    ends: list[float]
+    joined: int = 0  # at the first iteration only
+    left: int = 0
+
+
+class Stretch(NamedTuple):
+    """The calls of identical iterations (`sim.steady`) as columns, one per call of the iteration.
+
+    A long replay is mostly such stretches; keeping them as arrays lets a sweep score a run
+    without building millions of `Call`s. `EventLog.calls` builds them when someone reads them.
+    """
+    columns: tuple[Column, ...]
+    iteration: int  # of the first iteration
+
+    def __len__(self) -> int:
+        return len(self.columns) * len(self.columns[0].ends)
+
+    def calls(self) -> Iterable[Call]:
+        its = range(self.iteration, self.iteration + len(self.columns[0].ends))
+        built = []
+        for kind, rids, tokens, first, starts, ends, joined, left in self.columns:
+            steps = len(ends)
+            if kind == "prefill":
+                prefixes, contexts = range(first, first + steps * tokens, tokens), repeat(())
+            else:
+                prefixes, contexts = repeat(0), zip(*(range(c, c + steps) for c in first))
+            built.append(map(_make_call, zip(repeat(kind), starts, ends, repeat(rids),
+                                             repeat(tokens), prefixes, contexts, chain((joined,), repeat(0)),
+                                             chain((left,), repeat(0)), its)))
+        return built[0] if len(built) == 1 else chain.from_iterable(zip(*built))
+
+
+_make_call = partial(tuple.__new__, Call)  # Call._make without its Python-level checks
+
+
 @dataclass
 class EventLog:
     requests: dict[str, RequestInfo] = field(default_factory=dict)
-    calls: list[Call] = field(default_factory=list)
     tokens: dict[str, list[float]] = field(default_factory=dict)  # emission times per request
+    _parts: list = field(default_factory=lambda: [[]], repr=False)  # lists of Calls and Stretches, in time order
+
+    def add(self, call: Call) -> None:
+        self._parts[-1].append(call)
+
+    def add_stretch(self, stretch: Stretch) -> None:
+        self._parts += [stretch, []]
+
+    @property
+    def calls(self) -> list[Call]:
+        """Every call in time order (stretches are built into `Call`s on first reading)."""
+        if len(self._parts) > 1:
+            calls: list[Call] = []
+            for part in self._parts:
+                calls.extend(part if isinstance(part, list) else part.calls())
+            self._parts = [calls]
+        return self._parts[0]
+
+    @property
+    def call_count(self) -> int:
+        return sum(map(len, self._parts))
+
+    def decode_ends(self) -> np.ndarray:
+        """End times of every decode call (not sorted), without building stretches' `Call`s."""
+        ends = []
+        for part in self._parts:
+            if isinstance(part, list):
+                ends.append(np.array([c.end for c in part if c.kind == "decode"], float))
+            else:
+                ends += [np.array(col.ends, float) for col in part.columns if col.kind == "decode"]
+        return np.concatenate(ends) if len(ends) > 1 else ends[0]
 
     def to_dict(self) -> dict:
         return {
@@ -54,6 +130,6 @@ class EventLog:
         for r in d["requests"]:
             log.requests[r["rid"]] = RequestInfo(**r)
         for k, s, e, rids, n, pre, ctx, j, lft, it in d["calls"]:
-            log.calls.append(Call(k, s, e, tuple(rids), n, pre, tuple(ctx), j, lft, it))
+            log.add(Call(k, s, e, tuple(rids), n, pre, tuple(ctx), j, lft, it))
         log.tokens = {k: list(v) for k, v in d["tokens"].items()}
         return log

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+from itertools import chain
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,10 +23,10 @@ SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2el"}
 
 def nearest_rank(values, q: float) -> float:
     """`sorted[ceil(q*n)-1]`: the percentile tiny-llm reports."""
-    v = sorted(values)
-    if not v:
+    v = np.sort(np.asarray(values, float))
+    if not len(v):
         return math.nan
-    return v[max(0, math.ceil(q * len(v)) - 1)]
+    return float(v[max(0, math.ceil(q * len(v)) - 1)])
 
 
 def _pct(values: np.ndarray, q: float) -> float:
@@ -42,7 +43,7 @@ class Slo:
 
 def decode_gaps(log: EventLog) -> np.ndarray:
     """Decode-completion gaps in seconds, idle periods excluded."""
-    ends = np.array(sorted(c.end for c in log.calls if c.kind == "decode"))
+    ends = np.sort(log.decode_ends())
     if len(ends) < 2:
         return np.zeros(0)
     first = np.sort([t[0] for t in log.tokens.values() if t])
@@ -51,6 +52,17 @@ def decode_gaps(log: EventLog) -> np.ndarray:
     # requests active just after `prev`: first token at or before it, last token after it
     active = np.searchsorted(first, prev, "right") - np.searchsorted(last, prev, "right")
     return (ends[1:] - prev)[active > 0]
+
+
+def inter_token_gaps(log: EventLog) -> np.ndarray:
+    """Every request's successive emission-time differences, pooled, in seconds."""
+    lengths = np.fromiter(map(len, log.tokens.values()), int, len(log.tokens))
+    times = np.fromiter(chain.from_iterable(log.tokens.values()), float, int(lengths.sum()))
+    gaps = np.diff(times)
+    ends = np.cumsum(lengths)  # one past each request's last emission
+    within = np.ones(len(gaps), bool)  # drop the differences from one request's list to the next
+    within[ends[(ends > 0) & (ends < len(times))] - 1] = False
+    return gaps[within]
 
 
 def latency_rows(log: EventLog) -> list[dict]:
@@ -103,8 +115,7 @@ def score(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0,
     m["decode_gap_p95_ms"] = nearest_rank(dg, 0.95)
     m["decode_gap_max_ms"] = float(dg.max()) if len(dg) else math.nan
 
-    gaps = [np.diff(np.asarray(t, float)) for t in log.tokens.values() if len(t) > 1]
-    itl = np.concatenate(gaps) * 1e3 if gaps else np.zeros(0)
+    itl = inter_token_gaps(log) * 1e3
     for q in (50, 95, 99):
         m[f"p{q}_itl_ms"] = _pct(itl, q / 100)
     m["mean_itl_ms"] = float(itl.mean()) if len(itl) else math.nan
@@ -142,7 +153,7 @@ def score(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0,
         good = sum(1 for r in done if _meets(r, slo))
         m["goodput_req_s"] = good / makespan if makespan > 0 else math.nan
         m["slo_attained"] = good / len(rows) if rows else math.nan
-    m["engine_calls"] = len(log.calls)
+    m["engine_calls"] = log.call_count
     return m
 
 

@@ -1,7 +1,7 @@
-"""The SimPy replay: arrivals as one process, the engine as another, time from a cost model.
+"""The SimPy replay: the engine as a process, time from a cost model.
 
-One SimPy event per engine call (and one per arrival), never one per token, so a 10,000-request
-trace replays in seconds.
+One SimPy event per engine iteration, or one per steady stretch of identical iterations
+(`sim.steady`), never one per token, so a 10,000-request trace replays in seconds.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from policies.base import Policy
 from sim.costmodel import CostModel
 from sim.log import EventLog
 from sim.state import EngineError, EngineState
+from sim.steady import steady_steps, steady_times
 from sim.work import Prefill, Work
 from traces.trace import Trace
 
@@ -29,41 +30,45 @@ def call_cost(cost: CostModel, state: EngineState, work: Work) -> float:
         raise
 
 
-def simulate(trace: Trace, policy: Policy, cost: CostModel) -> EventLog:
-    """Replay `trace` under `policy`; return the event log. Deterministic: no randomness inside."""
+def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True) -> EventLog:
+    """Replay `trace` under `policy`; return the event log. Deterministic: no randomness inside.
+
+    The engine is one SimPy process; arrivals are read from the trace between iterations, as a
+    real engine sees them. The engine keeps the exact clock (`t`, each end the start plus the
+    call's cost) and SimPy advances with it. `steady=False` turns off the bulk pricing of steady
+    stretches (`sim.steady`), for checking that it changes nothing.
+    """
     env = simpy.Environment()
     state = EngineState(trace)
-    wake = [env.event()]
 
-    def arrivals():
-        for r in trace.requests:
-            if r.arrival > env.now:
-                yield env.timeout(r.arrival - env.now)
-            if not wake[0].triggered:
-                wake[0].succeed()
+    def until(when: float) -> simpy.Timeout:
+        return env.timeout(max(0.0, when - env.now))  # SimPy's clock may trail `t` by a rounding
 
     def engine():
+        t = 0.0
         while not state.done:
-            state.admit(env.now)
+            state.admit(t)
             work = policy.schedule(state)
             if not work:
                 if state.next_arrival is None:
                     raise EngineError(f"policy {policy.name!r} returned no work with "
                                       f"{len(state.queued) + len(state.ready)} requests unserved")
-                wake[0] = env.event()
-                if state.next_arrival <= env.now:
-                    wake[0].succeed()
-                yield wake[0]
+                yield until(state.next_arrival)
+                t = max(t, state.next_arrival)
                 continue
             state.iteration += 1
-            overhead = cost.iteration  # host work before the iteration's first call
-            for item in work:
-                start = env.now + overhead
-                yield env.timeout(overhead + call_cost(cost, state, item))
-                state.apply(item, start, env.now)
-                overhead = 0.0
+            steps = steady_steps(policy, state, work) if steady else 0
+            times = steady_times(cost, state, work, steps, t, state.next_arrival) if steps > 1 else None
+            if times is not None:
+                state.apply_steady(work, *times)
+                t = times[1][-1][-1]
+            else:
+                overhead = cost.iteration  # host work before the iteration's first call
+                for item in work:
+                    start, end = t + overhead, t + (overhead + call_cost(cost, state, item))
+                    state.apply(item, start, end)
+                    t, overhead = end, 0.0
+            yield until(t)  # nothing else happens during an iteration: one SimPy event for it
 
-    env.process(arrivals())
-    proc = env.process(engine())
-    env.run(until=proc)
+    env.run(until=env.process(engine()))
     return state.log

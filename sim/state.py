@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.log import Call, EventLog, RequestInfo
+from sim.log import Call, Column, EventLog, RequestInfo, Stretch
 from sim.work import Decode, Prefill, Work
 from traces.trace import Request, Trace
 
@@ -124,8 +124,8 @@ class EngineState:
         if isinstance(work, Prefill):
             self.check(work)
             s = self.queued[work.rid]
-            self.log.calls.append(Call("prefill", start, end, (work.rid,), work.tokens, s.prefilled,
-                                       iteration=self.iteration))
+            self.log.add(Call("prefill", start, end, (work.rid,), work.tokens, s.prefilled,
+                              iteration=self.iteration))
             s.prefilled += work.tokens
             if s.prefill_left == 0:
                 del self.queued[work.rid]
@@ -151,10 +151,39 @@ class EngineState:
             if s.generated == s.req.output_len:
                 del self.ready[rid]
                 self.finished += 1
-        self.log.calls.append(Call("decode", start, end, work.rids, len(work.rids), 0, tuple(contexts),
-                                   joined, left, self.iteration))
+        self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, tuple(contexts),
+                          joined, left, self.iteration))
         if work.batched:
             self.batch = work.rids
+
+    def apply_steady(self, work: list[Work], starts: list[list[float]], ends: list[list[float]]) -> None:
+        """Record a stretch of identical iterations (`sim.steady`): call i of iteration j ran from
+        `starts[i][j]` to `ends[i][j]`, the first iteration being `self.iteration`. The same log
+        as `apply` call by call, kept as columns; no chunk in the stretch completes a prompt."""
+        steps = len(ends[0])
+        if ends[0][0] < starts[0][0] or starts[0][0] < self.now:
+            raise EngineError(f"time went backwards: call [{starts[0][0]}, {ends[0][0]}] after {self.now}")
+        columns = []
+        for w, begin, end in zip(work, starts, ends):
+            if isinstance(w, Prefill):
+                s = self.queued[w.rid]
+                columns.append(Column("prefill", (w.rid,), w.tokens, s.prefilled, begin, end))
+                s.prefilled += steps * w.tokens
+                continue
+            states = [self.ready[rid] for rid in w.rids]
+            columns.append(Column("decode", w.rids, len(w.rids), [s.context for s in states], begin, end,
+                                  *self.batch_change(w)))
+            for s in states:
+                self.log.tokens[s.req.id].extend(end)
+                s.generated += steps
+                if s.generated == s.req.output_len:
+                    del self.ready[s.req.id]
+                    self.finished += 1
+            if w.batched:
+                self.batch = w.rids
+        self.log.add_stretch(Stretch(tuple(columns), self.iteration))
+        self.iteration += steps - 1
+        self.now = ends[-1][-1]
 
     def _ready_or_finish(self, s: RequestState) -> None:
         if s.output_left == 0:

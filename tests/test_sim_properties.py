@@ -1,11 +1,15 @@
 """Invariants of the simulator over random traces, policies, budgets and batch sizes."""
 from collections import defaultdict
 
+import numpy as np
 from hypothesis import given, settings, strategies as st
 
 import policies
-from sim.costmodel import LinearCostModel
+from sim.costmodel import GridCostModel, LinearCostModel
+from sim.log import EventLog
+from sim.metrics import inter_token_gaps
 from sim.replay import simulate
+from sim.state import EngineState
 from traces.trace import Request, Trace
 
 
@@ -87,3 +91,50 @@ def test_invariants(trace, setting, cost):
     # the same inputs give the same log
     again = simulate(trace, policies.make(**setting), cost)
     assert again.to_dict() == log.to_dict()
+
+
+@st.composite
+def long_traces(draw):
+    """Fewer, longer requests than `traces`: long decode stretches between arrivals."""
+    n = draw(st.integers(1, 5))
+    reqs, t = [], 0.0
+    for i in range(n):
+        t += draw(st.sampled_from([0.0, 0.01, 0.1, 1.0])) + draw(st.floats(0, 2))
+        out = draw(st.integers(1, 60))
+        reqs.append(Request(str(i), t, draw(st.integers(1, 200)), out, prefilled=out >= 2 and i == 0))
+    return Trace(reqs)
+
+
+def grid_costs(decode_coef):
+    """A grid cost model over a few points: interpolation inside, the linear form outside."""
+    lin = LinearCostModel((2e-3, 1e-4, 1e-7), decode_coef, 1e-4, (1e-3, 1e-4, 1e-7), (1e-3, 0.0, 0.0))
+    pf = np.array([[c, p, lin.prefill(c, p) * 1.1] for c in (1, 64, 256) for p in (0, 512)])
+    dc = np.array([[b, m, lin.decode([m] * b) * 0.9] for b in (1, 4, 8) for m in (1, 128, 256)])
+    return GridCostModel(lin, pf, dc, lin.iteration)
+
+
+@settings(max_examples=150, deadline=None)
+@given(long_traces(), settings_, st.one_of(costs, st.builds(grid_costs, costs.map(lambda c: c.decode_coef))))
+def test_steady_stretches_write_the_call_by_call_log(trace, setting, cost):
+    """Pricing a steady stretch of decodes in one step gives exactly the call-by-call log."""
+    bulk = simulate(trace, policies.make(**setting), cost)
+    one_by_one = simulate(trace, policies.make(**setting), cost, steady=False)
+    assert bulk.calls == one_by_one.calls
+    assert bulk.tokens == one_by_one.tokens
+
+
+def test_a_lone_request_decodes_in_one_stretch(monkeypatch):
+    calls = []
+    monkeypatch.setattr(EngineState, "apply_steady",
+                        lambda self, *a, _f=EngineState.apply_steady: calls.append(len(a[2][0])) or _f(self, *a))
+    cost = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-4, 1e-7))
+    log = simulate(Trace([Request("a", 0.0, 16, 500)]), policies.make("fifo"), cost)
+    assert calls == [499] and len(log.calls) == 500
+    assert [c.contexts for c in log.calls[1:3]] == [(17,), (18,)]
+
+
+@given(st.lists(st.lists(st.floats(0, 1e6), max_size=5).map(sorted), max_size=6))
+def test_pooled_inter_token_gaps_never_span_two_requests(emissions):
+    log = EventLog(tokens={str(i): t for i, t in enumerate(emissions)})
+    expected = [b - a for t in emissions for a, b in zip(t, t[1:])]
+    assert inter_token_gaps(log).tolist() == expected

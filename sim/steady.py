@@ -1,0 +1,77 @@
+"""Steady stretches: many identical iterations priced and logged in one step.
+
+Between arrivals, a policy asks for the same work iteration after iteration: the same decodes
+until one of those requests finishes, and, with a chunk budget, the same-size chunk of the same
+prompt until the chunk that completes it. Replaying that one call at a time is most of a long
+replay (every output token and every chunk is an engine call). Here a whole stretch is priced with
+vectorized cost-model calls and written to the log in bulk; the log is exactly the one the
+call-by-call replay writes (a hypothesis test checks this), only faster to get.
+
+It applies only to policies that declare `steady = True` (see `policies.base.Policy`).
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from itertools import accumulate, chain
+
+from sim.costmodel import CostModel
+from sim.state import EngineState
+from sim.work import Decode, Prefill, Work
+
+
+def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
+    """How many iterations of `work` could run back to back if nothing arrived; < 2 = not worth it.
+
+    The stretch ends with the iteration in which the first of its requests emits its last token,
+    and before the chunk that would complete a prompt (the policy may then do something else).
+    At most one batched decode, and no request twice.
+    """
+    if not getattr(policy, "steady", False) or sum(isinstance(w, Decode) and w.batched for w in work) > 1:
+        return 0
+    steps, seen = None, set()
+    for w in work:
+        if isinstance(w, Prefill):
+            s = state.queued.get(w.rid)
+            if s is None or w.rid in seen or w.tokens < 1:
+                return 0  # let the call-by-call path report the policy's mistake
+            n = (s.prefill_left - 1) // w.tokens  # full chunks that leave the prompt unfinished
+            seen.add(w.rid)
+        else:
+            if not w.rids or any(rid in seen or rid not in state.ready for rid in w.rids):
+                return 0
+            n = min(state.ready[rid].output_left for rid in w.rids)
+            seen.update(w.rids)
+        steps = n if steps is None else min(steps, n)
+    return steps or 0
+
+
+def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: int, t0: float,
+                 next_arrival: float | None) -> tuple[list[list[float]], list[list[float]]] | None:
+    """Start and end of every call of the stretch: `starts[i][j]` for call i of iteration j.
+
+    The stretch stops before the first iteration that would start at or after `next_arrival`
+    (the engine admits arrivals between iterations). Times are summed call by call in the same
+    order and with the same operations as the call-by-call replay, so both give the same floats.
+    None if a cost is negative (the call-by-call path reports that).
+    """
+    columns = []
+    for w in work:
+        if isinstance(w, Prefill):
+            columns.append(cost.prefill_steps(w.tokens, state.queued[w.rid].prefilled, steps).tolist())
+            continue
+        contexts = [state.ready[rid].context for rid in w.rids]
+        costs = cost.decode_steps(contexts, steps).tolist()
+        joined, left = state.batch_change(w)
+        if joined or left:
+            costs[0] = costs[0] + cost.membership(joined, left, contexts)
+        columns.append(costs)
+    if min(map(min, columns)) < 0:
+        return None
+    n, overhead = len(columns), cost.iteration
+    columns[0] = [overhead + c for c in columns[0]]  # host work before each iteration's first call
+    clock = list(accumulate(chain.from_iterable(zip(*columns)), initial=t0))  # clock[k]: call k starts
+    if next_arrival is not None:  # iteration j starts at clock[j * n]; keep those before the arrival
+        steps = -(-bisect_left(clock, next_arrival, n, steps * n) // n)
+    starts = [clock[i:steps * n:n] for i in range(n)]
+    starts[0] = [t + overhead for t in starts[0]]
+    return starts, [clock[i + 1:steps * n + 1:n] for i in range(n)]
