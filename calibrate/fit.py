@@ -1,8 +1,9 @@
 """Fit the cost model to measured step times, and say how well it predicts points it has not seen.
 
-The forms (sim/costmodel.py) are linear in their coefficients, so the fit is a non-negative least
-squares on relative error: each row is divided by its measured time, so a 5 ms decode counts as
-much as a 5 s prefill. A seeded quarter of the points per step is held out; the errors reported
+The forms (sim/costmodel.py) are linear in their coefficients: dense(n) is a curve through one
+value per measured size (a hat-function basis), plus the attention terms. The fit is a
+non-negative least squares on relative error: each row is divided by its measured time, so a 5 ms
+decode counts as much as a 5 s prefill. A seeded quarter of the points per step is held out; the errors reported
 are on those. Where interpolation over the grid predicts the held-out points better than the form
 (and the form misses the 5% target), the profile says to use the grid.
 """
@@ -14,22 +15,33 @@ import statistics
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from sim.costmodel import DECODE_FORM, PREFILL_FORM, GridCostModel, LinearCostModel, decode_features, prefill_features
+from sim.costmodel import DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel
 
 TARGET = 0.05
 
 
-def _features(step: str, samples: list[dict]) -> np.ndarray:
+def _size(step: str, s: dict) -> int:
+    """What the dense layers' cost depends on: rows through the weights."""
+    return s["chunk"] if step == "prefill" else s["batch"]
+
+
+def _attention(step: str, s: dict) -> list[float]:
+    """The physical terms besides dense(n): prefill c*L*(P + L/2) and d*P; decode c*batch*max(context)."""
     if step == "prefill":
-        return prefill_features([s["chunk"] for s in samples], [s["prefix"] for s in samples])
-    return decode_features([s["batch"] for s in samples], [_context_max(s) for s in samples])
+        return [s["chunk"] * (s["prefix"] + s["chunk"] / 2), s["prefix"]]
+    return [s["batch"] * _context_max(s)]
 
 
-def fit_form(step: str, samples: list[dict]) -> list[float]:
-    X = _features(step, samples)
+def fit_form(step: str, samples: list[dict]) -> tuple[list[float], list[list[float]]]:
+    """(coef, dense curve pairs): coef is [a, b, c, d] for prefill and [a, b, c] for decode, with
+    a = b = 0 since the curve through every measured size replaces a + b*n."""
+    sizes = sorted({_size(step, s) for s in samples})
+    hats = [Curve(tuple(sizes), tuple(float(i == k) for i in range(len(sizes)))) for k in range(len(sizes))]
+    X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s) for s in samples])
     y = np.array([s["seconds"] for s in samples])
     res = lsq_linear(X / y[:, None], np.ones(len(y)), bounds=(0, np.inf))
-    return [float(c) for c in res.x]
+    dense = [[float(n), float(v)] for n, v in zip(sizes, res.x)]
+    return [0.0, 0.0] + [float(c) for c in res.x[len(sizes):]], dense
 
 
 def _grid_points(step: str, samples: list[dict]) -> np.ndarray:
@@ -55,14 +67,14 @@ def _contexts(s: dict) -> list[float]:
 
 
 def _context_max(s: dict) -> float:
-    return s.get("context_max", s["context_sum"] / s["batch"])
+    return s["context_max"] if "context_max" in s else s["context_sum"] / s["batch"]
 
 
 def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     """The profile's `cost` and `fit` sections; marks held-out samples and fills in `fitted`."""
     rng = random.Random(seed)
     by_step = {st: [s for s in samples if s["step"] == st] for st in ("prefill", "decode")}
-    coef, errors = {}, {}
+    coef, dense, errors = {}, {}, {}
     for step, pts in by_step.items():
         if len(pts) < 4:
             raise ValueError(f"calibration has only {len(pts)} {step} points; need at least 4")
@@ -71,28 +83,31 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         test = [p for i, p in enumerate(pts) if i in held]
         for i, p in enumerate(pts):
             p["held_out"] = i in held
-        c = fit_form(step, train)
-        lin = _linear(step, c)
+        lin = _linear(step, *fit_form(step, train))
         grid = _grid_model(step, lin, train)
         e_form = _rel_errors(_predict(lin, step, test), test)
         e_grid = _rel_errors(_predict(grid, step, test), test)
         errors[step] = {"held_out": len(test), "train": len(train),
                         "form_mean": float(e_form.mean()), "form_max": float(e_form.max()),
-                        "grid_mean": float(e_grid.mean()), "grid_max": float(e_grid.max())}
-        coef[step] = fit_form(step, pts)  # final coefficients use every point
+                        "grid_mean": float(e_grid.mean()), "grid_max": float(e_grid.max()),
+                        "repeat_noise": repeat_noise(pts)}
+        coef[step], dense[step] = fit_form(step, pts)  # the final fit uses every point
     use = "fit"
     if any(e["form_mean"] > TARGET and e["grid_mean"] < e["form_mean"] for e in errors.values()):
         use = "grid"
     med = lambda st: statistics.median([s["seconds"] for s in samples if s["step"] == st] or [0.0])
     cost = {
         "use": use,
-        "prefill": {"form": PREFILL_FORM, "coef": coef["prefill"], "grid": _grid_points("prefill", by_step["prefill"]).tolist()},
-        "decode": {"form": DECODE_FORM, "coef": coef["decode"], "grid": _grid_points("decode", by_step["decode"]).tolist()},
+        "prefill": {"form": PREFILL_FORM, "coef": coef["prefill"], "dense": dense["prefill"],
+                    "grid": _grid_points("prefill", by_step["prefill"]).tolist()},
+        "decode": {"form": DECODE_FORM, "coef": coef["decode"], "dense": dense["decode"],
+                   "grid": _grid_points("decode", by_step["decode"]).tolist()},
         "iteration": med("overhead"),
         "join": fit_copy([s for s in samples if s["step"] == "join"]),
         "leave": fit_copy([s for s in samples if s["step"] == "leave"]),
     }
-    final = LinearCostModel(tuple(coef["prefill"]), tuple(coef["decode"]))
+    final = LinearCostModel(tuple(coef["prefill"]), tuple(coef["decode"]), prefill_dense=Curve.from_pairs(dense["prefill"]),
+                            decode_dense=Curve.from_pairs(dense["decode"]))
     for step, pts in by_step.items():
         for p, f in zip(pts, _predict(final, step, pts)):
             p["fitted"] = float(f)
@@ -103,7 +118,7 @@ def fit_copy(samples: list[dict]) -> list[float]:
     """Batch-cache rebuild cost, a + b*batch + c*batch*max(context) (non-negative, weighted)."""
     if not samples:
         return [0.0, 0.0, 0.0]
-    X = decode_features([s["batch"] for s in samples], [_context_max(s) for s in samples])
+    X = np.array([[1.0, s["batch"], s["batch"] * _context_max(s)] for s in samples])
     y = np.array([s["seconds"] for s in samples])
     w = 1.0 / np.maximum(y, 1e-3)  # extra times can be ~0 (noise): weigh them as 1 ms
     res = lsq_linear(X * w[:, None], y * w, bounds=(0, np.inf))
@@ -112,9 +127,18 @@ def fit_copy(samples: list[dict]) -> list[float]:
     return [float(c) for c in res.x]
 
 
-def _linear(step: str, c: list[float]) -> LinearCostModel:
-    zero = (0.0, 0.0, 0.0)
-    return LinearCostModel(tuple(c), zero) if step == "prefill" else LinearCostModel(zero, tuple(c))
+def repeat_noise(samples: list[dict]) -> float:
+    """How far one timing lies from its point's median, on average (relative): the noise floor
+    that held-out errors should be read against."""
+    dev = [abs(t - s["seconds"]) / s["seconds"] for s in samples for t in s.get("times", ()) if s["seconds"] > 0]
+    return float(np.mean(dev)) if dev else 0.0
+
+
+def _linear(step: str, c: list[float], dense: list[list[float]]) -> LinearCostModel:
+    zero, curve = (0.0, 0.0, 0.0), Curve.from_pairs(dense)
+    if step == "prefill":
+        return LinearCostModel(tuple(c), zero, prefill_dense=curve)
+    return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(c), decode_dense=curve)
 
 
 def _grid_model(step: str, lin: LinearCostModel, train: list[dict]) -> GridCostModel:

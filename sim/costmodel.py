@@ -1,14 +1,19 @@
 """Cost models: how long each engine call takes, in seconds, from its shape alone.
 
-The linear forms are physically motivated: a prefill chunk of L tokens at a cache offset P pays
-a fixed launch cost, a per-token cost (weights, MLP) and attention over the prefix and its own
-causal triangle, L*(P + L/2); a decode step pays a fixed cost, a per-request cost and attention
-over the batch cache, whose rows are left-padded to the longest context (mlx-lm's BatchKVCache):
-every row pays max(context), measured 0.996 s for contexts 128/256/512/1024 against 0.995 s for
-four rows of 1024 on Qwen3-0.6B. A profile may instead ask for interpolation over its measured grid.
+The forms are physically motivated. A prefill chunk of L tokens at a cache offset P pays the
+dense layers for L rows, dense(L), attention over the prefix and its own causal triangle,
+c*L*(P + L/2), and one read of the prefix's KV cache, d*P. A decode step pays the dense layers
+for its batch, dense(batch), and attention over the batch cache, whose rows are left-padded to the
+longest context (mlx-lm's BatchKVCache): every row pays max(context), measured 0.996 s for
+contexts 128/256/512/1024 against 0.995 s for four rows of 1024 on Qwen3-0.6B.
+
+dense(n) is a + b*n, or, when a profile gives measured sizes, a `Curve` through them: the BLAS
+picks its kernel by shape, so at small sizes the cost is far from linear (Qwen3-0.6B on this CPU:
+batch 4 decodes as slowly as batch 16). A profile may instead ask for interpolation over its grid.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -17,8 +22,8 @@ import numpy as np
 
 from sim.files import read_json_object
 
-PREFILL_FORM = "a + b*L + c*L*(prefix + L/2)"
-DECODE_FORM = "a + b*batch + c*batch*max(context)"
+PREFILL_FORM = "dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve"
+DECODE_FORM = "dense(batch) + c*batch*max(context); dense(batch) = a + b*batch or the measured curve"
 BUILTIN = Path(__file__).parent / "data" / "illustrative-m4pro-qwen3-0.6b.json"
 
 
@@ -45,25 +50,43 @@ class CostModel(Protocol):
         """Rebuilding the batch cache when requests join or leave it (a copy of every padded row)."""
 
 
-def prefill_features(chunk, prefix):
-    chunk, prefix = np.asarray(chunk, float), np.asarray(prefix, float)
-    return np.stack([np.ones_like(chunk), chunk, chunk * (prefix + chunk / 2)], axis=-1)
+@dataclass(frozen=True)
+class Curve:
+    """Seconds against a size (chunk tokens, batch rows): straight lines between measured sizes,
+    flat below the first, and beyond the last along the last segment (never downhill)."""
+    sizes: tuple[float, ...]
+    seconds: tuple[float, ...]
 
+    def __call__(self, x: float) -> float:
+        xs, ys = self.sizes, self.seconds
+        if x <= xs[0] or len(xs) == 1:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1] + max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])) * (x - xs[-1])
+        i = bisect_right(xs, x)
+        return ys[i - 1] + (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1]) * (x - xs[i - 1])
 
-def decode_features(batch, context_max):
-    batch, context_max = np.asarray(batch, float), np.asarray(context_max, float)
-    return np.stack([np.ones_like(batch), batch, batch * context_max], axis=-1)
+    @staticmethod
+    def from_pairs(pairs) -> "Curve | None":
+        if not pairs:
+            return None
+        return Curve(tuple(float(x) for x, _ in pairs), tuple(float(y) for _, y in pairs))
+
+    def to_pairs(self) -> list[list[float]]:
+        return [[x, y] for x, y in zip(self.sizes, self.seconds)]
 
 
 @dataclass
 class LinearCostModel:
-    prefill_coef: tuple[float, float, float]
-    decode_coef: tuple[float, float, float]
+    prefill_coef: tuple[float, ...]  # a, b, c[, d]
+    decode_coef: tuple[float, float, float]  # a, b, c
     iteration: float = 0.0
     # a + b*batch + c*batch*max(context), once per call where requests join (leave): the batch
     # cache's left-padded rows are copied, and the first step on the new buffers is slower
     join: tuple[float, float, float] = (0.0, 0.0, 0.0)
     leave: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    prefill_dense: Curve | None = None  # measured dense(L); replaces a + b*L
+    decode_dense: Curve | None = None  # measured dense(batch); replaces a + b*batch
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
         n, longest, t = len(contexts), max(contexts), 0.0
@@ -72,23 +95,30 @@ class LinearCostModel:
                 t += a + b * n + c * n * longest
         return t
 
+    def _prefill_terms(self, chunk: int) -> tuple[float, float, float]:
+        a, b, c, d = (tuple(self.prefill_coef) + (0.0,))[:4]
+        return (self.prefill_dense(chunk) if self.prefill_dense else a + b * chunk), c, d
+
     def prefill(self, chunk: int, prefix: int) -> float:
-        a, b, c = self.prefill_coef
-        return a + b * chunk + c * chunk * (prefix + chunk / 2)
+        dense, c, d = self._prefill_terms(chunk)
+        return dense + c * chunk * (prefix + chunk / 2) + d * prefix
 
     def prefill_steps(self, chunk: int, prefix: int, steps: int) -> np.ndarray:
-        a, b, c = self.prefill_coef
-        return a + b * chunk + c * chunk * (np.arange(prefix, prefix + steps * chunk, chunk) + chunk / 2)
+        dense, c, d = self._prefill_terms(chunk)
+        prefixes = np.arange(prefix, prefix + steps * chunk, chunk)
+        return dense + c * chunk * (prefixes + chunk / 2) + d * prefixes
+
+    def _decode_dense(self, n: int) -> float:
+        a, b, _ = self.decode_coef
+        return self.decode_dense(n) if self.decode_dense else a + b * n
 
     def decode(self, contexts: Sequence[int]) -> float:
-        a, b, c = self.decode_coef
         n = len(contexts)
-        return a + b * n + c * n * max(contexts)
+        return self._decode_dense(n) + self.decode_coef[2] * n * max(contexts)
 
     def decode_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
-        a, b, c = self.decode_coef
         n = len(contexts)
-        return a + b * n + c * n * np.arange(max(contexts), max(contexts) + steps)
+        return self._decode_dense(n) + self.decode_coef[2] * n * np.arange(max(contexts), max(contexts) + steps)
 
 
 @dataclass
@@ -158,21 +188,34 @@ def load_profile(path: str | Path) -> dict:
         if key not in prof:
             raise ProfileError(f"profile {path}: missing required field {key!r}")
     cost = prof["cost"]
-    for key in ("prefill", "decode"):
-        coef = cost.get(key, {}).get("coef") if isinstance(cost.get(key), dict) else None
-        if not (isinstance(coef, list) and len(coef) == 3 and all(isinstance(x, (int, float)) for x in coef)):
-            raise ProfileError(f"profile {path}: missing required field 'cost.{key}.coef' (three numbers)")
+    for key, sizes in (("prefill", (3, 4)), ("decode", (3,))):
+        section = cost.get(key) if isinstance(cost.get(key), dict) else {}
+        coef = section.get("coef")
+        if not (isinstance(coef, list) and len(coef) in sizes and all(_is_number(x) for x in coef)):
+            raise ProfileError(f"profile {path}: missing required field 'cost.{key}.coef' "
+                               f"({' or '.join(map(str, sizes))} numbers)")
+        dense = section.get("dense")
+        if dense is not None and not (
+                isinstance(dense, list) and dense and all(isinstance(p, list) and len(p) == 2
+                                                          and all(map(_is_number, p)) for p in dense)
+                and all(a[0] < b[0] for a, b in zip(dense, dense[1:]))):
+            raise ProfileError(f"profile {path}: 'cost.{key}.dense' must be [size, seconds] pairs, sizes increasing")
     if "name" not in prof["model"]:
         raise ProfileError(f"profile {path}: missing required field 'model.name'")
     prof["_path"] = str(path)
     return prof
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     """The cost model a profile asks for (`cost.use`: "fit", the default, or "grid")."""
     c = prof["cost"]
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]),
-                          float(c.get("iteration", 0.0)), _triple(c.get("join")), _triple(c.get("leave")))
+                          float(c.get("iteration", 0.0)), _triple(c.get("join")), _triple(c.get("leave")),
+                          Curve.from_pairs(c["prefill"].get("dense")), Curve.from_pairs(c["decode"].get("dense")))
     if c.get("use", "fit") == "grid":
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),
                              lin.iteration)

@@ -1,0 +1,82 @@
+"""The cost model's forms and their fit: what a profile says is what the simulator charges."""
+import json
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from calibrate.fit import fit_form, fit_profile
+from sim.costmodel import Curve, LinearCostModel, ProfileError, cost_model, load_profile
+
+
+def test_curve_interpolates_between_sizes_is_flat_below_and_never_falls_beyond():
+    c = Curve((1, 4, 8), (1.0, 2.5, 2.0))
+    assert [c(1), c(4), c(8)] == [1.0, 2.5, 2.0]
+    assert c(2) == pytest.approx(1.5) and c(6) == pytest.approx(2.25)
+    assert c(0) == 1.0  # below the first measured size: flat
+    assert c(16) == 2.0  # the last segment falls: beyond it, flat rather than ever cheaper
+    assert Curve((1, 2), (1.0, 3.0))(4) == pytest.approx(7.0)  # a rising last segment extends
+
+
+@given(st.integers(1, 600), st.integers(0, 4000), st.integers(1, 40))
+def test_stretch_costs_are_the_per_call_costs(chunk, prefix, steps):
+    m = LinearCostModel((1e-3, 2e-5, 3e-8, 4e-6), (2e-3, 1e-4, 5e-8),
+                        prefill_dense=Curve((8, 64, 512), (0.5, 0.9, 4.0)), decode_dense=Curve((1, 4, 16), (0.4, 0.7, 0.7)))
+    assert m.prefill_steps(chunk, prefix, steps).tolist() == [m.prefill(chunk, prefix + j * chunk) for j in range(steps)]
+    ctx = [prefix + 1, prefix // 2 + 1]
+    assert m.decode_steps(ctx, steps).tolist() == [m.decode([c + j for c in ctx]) for j in range(steps)]
+
+
+def _samples(truth: LinearCostModel, noise: float = 0.0) -> list[dict]:
+    rng = random.Random(0)
+    out = []
+    for L in (8, 16, 32, 64, 128):
+        for P in (0, 256, 1024):
+            t = truth.prefill(L, P) * (1 + rng.uniform(-noise, noise))
+            out.append({"step": "prefill", "chunk": L, "prefix": P, "seconds": t, "times": [t]})
+    for B in (1, 2, 4, 8):
+        for M in (64, 512, 2048):
+            t = truth.decode([M] * B) * (1 + rng.uniform(-noise, noise))
+            out.append({"step": "decode", "batch": B, "context_max": M, "seconds": t, "times": [t]})
+    return out
+
+
+TRUTH = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6),
+                        prefill_dense=Curve((8, 16, 32, 64, 128), (0.6, 0.55, 0.8, 1.3, 2.1)),
+                        decode_dense=Curve((1, 2, 4, 8), (0.43, 0.5, 0.68, 0.72)))
+
+
+def test_fit_recovers_the_dense_curve_and_attention_terms():
+    s = _samples(TRUTH)
+    coef, dense = fit_form("prefill", [x for x in s if x["step"] == "prefill"])
+    assert coef == pytest.approx([0, 0, 2e-8, 3e-5], rel=1e-4, abs=1e-12)
+    assert [d[0] for d in dense] == [8, 16, 32, 64, 128]
+    assert [d[1] for d in dense] == pytest.approx([0.6, 0.55, 0.8, 1.3, 2.1], rel=1e-4)
+    coef, dense = fit_form("decode", [x for x in s if x["step"] == "decode"])
+    assert coef == pytest.approx([0, 0, 4e-6], rel=1e-4, abs=1e-12)
+    assert [d[1] for d in dense] == pytest.approx([0.43, 0.5, 0.68, 0.72], rel=1e-4)
+
+
+def test_held_out_errors_follow_the_measurement_noise(tmp_path):
+    """Exact data fits to ~0; 2% noise gives held-out errors of the same order, and the profile
+    the fit writes is loaded back into the same predictions."""
+    exact = fit_profile(_samples(TRUTH))
+    assert all(e["form_mean"] < 1e-3 for e in exact["fit"]["errors"].values())
+    noisy = fit_profile(_samples(TRUTH, noise=0.02))
+    for e in noisy["fit"]["errors"].values():
+        assert 0 < e["form_mean"] < 0.05 and e["repeat_noise"] == 0
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"model": {"name": "m"}, "device": {}, "cost": exact["cost"]}))
+    m = cost_model(load_profile(path))
+    assert m.prefill(100, 700) == pytest.approx(TRUTH.prefill(100, 700), rel=1e-3)
+    assert m.decode([300, 900]) == pytest.approx(TRUTH.decode([300, 900]), rel=1e-3)
+
+
+@pytest.mark.parametrize("dense", [[[8, 1.0], [4, 2.0]], [[8]], "x", [[8, True]]])
+def test_a_malformed_dense_curve_is_refused(tmp_path, dense):
+    cost = {"prefill": {"coef": [0, 0, 1e-8, 0], "dense": dense}, "decode": {"coef": [0.1, 0.01, 1e-6]}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"model": {"name": "m"}, "device": {}, "cost": cost}))
+    with pytest.raises(ProfileError, match="cost.prefill.dense"):
+        load_profile(path)
