@@ -1,0 +1,183 @@
+"""Data frames for the charts: aggregated first (quantiles, a window of requests), so a chart of a
+20,000-request replay stays small."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from sim.log import EventLog
+from sim.metrics import decode_gaps
+from sim.report.inputs import LogSeries, ReportError
+
+PERCENTILES = {"inter-token gap": ["p50_itl_ms", "p95_itl_ms", "p99_itl_ms", "max_itl_ms"],
+               "decode-completion gap": ["decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms"]}
+CONFIRM_METRICS = ["decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "max_itl_ms", "p50_ttft_ms",
+                   "p95_ttft_ms", "mean_tpot_ms", "output_tok_s", "makespan_s"]
+
+
+def budget_label(b) -> str:
+    return "whole prompt" if b is None or (isinstance(b, float) and math.isnan(b)) else str(int(b))
+
+
+def budget_order(labels) -> list[str]:
+    return sorted(set(labels), key=lambda s: (s == "whole prompt", int(s) if s.isdigit() else 0))
+
+
+def group_name(row) -> str:
+    parts = []
+    if "trace" in row and row["trace"] is not None:
+        parts.append(str(row["trace"]))
+    if "rate_scale" in row and row["rate_scale"] is not None:
+        parts.append(f"rate x{row['rate_scale']:g}")
+    return ", ".join(parts) or "all"
+
+
+def pick_marks(picks) -> tuple[set, set]:
+    """(picked, front) as (group name, label) pairs, from `sim.pick.Pick`s or their JSON form."""
+    picked, front = set(), set()
+    for pk in picks:
+        if isinstance(pk, dict):
+            group, best, labels = pk.get("group", {}), pk.get("best"), pk.get("front", [])
+        else:
+            group, best, labels = pk.group, None if pk.best is None else pk.best["label"], list(pk.front["label"])
+        g = group_name(group)
+        if best:
+            picked.add((g, best))
+        front |= {(g, lab) for lab in labels}
+    return picked, front
+
+
+def tradeoff_frame(df: pd.DataFrame, latency: str, throughput: str, picked: set[tuple[str, str]] = frozenset(),
+                   front: set[tuple[str, str]] = frozenset()) -> pd.DataFrame:
+    """One row per setting: its latency and throughput, budget, policy, front and pick marks.
+
+    `picked` and `front` hold (group name, label) pairs.
+    """
+    for col in (latency, throughput):
+        if col not in df.columns:
+            raise ReportError(f"sweep results have no column {col!r}")
+    out = pd.DataFrame({
+        "group": [group_name(r) for _, r in df.iterrows()],
+        "label": df["label"], "policy": df["policy"],
+        "budget": [budget_label(b) for b in df["budget"]],
+        "latency": pd.to_numeric(df[latency], errors="coerce"),
+        "throughput": pd.to_numeric(df[throughput], errors="coerce")})
+    out["front"] = [(g, lab) in front for g, lab in zip(out["group"], out["label"])]
+    out["picked"] = [(g, lab) in picked for g, lab in zip(out["group"], out["label"])]
+    return out[np.isfinite(out["latency"]) & np.isfinite(out["throughput"])]
+
+
+def gap_percentile_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """Long form: per setting, each gap percentile the sweep recorded."""
+    rows = []
+    for _, r in df.iterrows():
+        for family, cols in PERCENTILES.items():
+            for col in cols:
+                v = r.get(col)
+                if v is None or not np.isfinite(v) or v <= 0:
+                    continue
+                stat = col.replace("_itl_ms", "").replace("decode_gap_", "").replace("_ms", "")
+                rows.append({"group": group_name(r), "policy": r["policy"], "budget": budget_label(r["budget"]),
+                             "label": r["label"], "family": family, "statistic": stat, "ms": float(v)})
+    return pd.DataFrame(rows)
+
+
+def log_gaps(log: EventLog) -> dict[str, np.ndarray]:
+    """Inter-token gaps pooled over requests, and decode-completion gaps, in milliseconds."""
+    per = [np.diff(np.asarray(t, float)) for t in log.tokens.values() if len(t) > 1]
+    itl = np.concatenate(per) * 1e3 if per else np.zeros(0)
+    return {"inter-token gap": itl, "decode-completion gap": decode_gaps(log) * 1e3}
+
+
+def ecdf_frame(series: list[LogSeries], points: int = 101) -> pd.DataFrame:
+    """Each series' gap distribution as `points` quantiles, plus a finer tail (the stalls live in the
+    last percent): a few hundred rows for any log size."""
+    q = np.unique(np.concatenate([np.linspace(0, 1, points), 1 - np.logspace(-4, -2, 7)]))
+    rows = []
+    for s in series:
+        for family, gaps in log_gaps(s.log).items():
+            gaps = gaps[gaps > 0]
+            if not len(gaps):
+                continue
+            for qi, v in zip(q, np.quantile(gaps, q)):
+                rows.append({"series": f"{s.label} ({s.source})", "label": s.label, "policy": s.policy,
+                             "source": s.source, "family": family, "ms": float(v), "fraction": float(qi),
+                             "n": int(len(gaps))})
+    return pd.DataFrame(rows)
+
+
+def timeline_frame(log: EventLog, max_requests: int = 16, max_marks: int = 4000) -> pd.DataFrame:
+    """Per-request bars for every prefill chunk and decode call of the first requests to arrive.
+
+    Requests are taken in arrival order while the bars stay under `max_marks`, so a chart of a long
+    trace shows its beginning in full rather than all of it unreadably.
+    """
+    order = sorted(log.requests.values(), key=lambda r: (r.arrival, r.rid))
+    chosen, marks = {}, 0
+    for r in order:
+        n = r.output_len + 4  # its decodes, and a few prefill chunks
+        if len(chosen) >= max_requests or (chosen and marks + n > max_marks):
+            break
+        chosen[r.rid] = len(chosen)
+        marks += n
+    rows = []
+    done_by = max((log.tokens[rid][-1] for rid in chosen if log.tokens.get(rid)), default=math.inf)
+    for c in log.calls:
+        if c.start > done_by:
+            break
+        for rid in c.rids:
+            if rid in chosen:
+                rows.append({"request": rid, "order": chosen[rid], "kind": f"{c.kind}",
+                             "start": c.start, "end": max(c.end, c.start), "tokens": c.tokens,
+                             "prefix": c.prefix, "call": c.iteration})
+        if len(rows) > max_marks:
+            break
+    for rid, k in chosen.items():
+        info = log.requests[rid]
+        rows.append({"request": rid, "order": k, "kind": "arrival", "start": info.arrival, "end": info.arrival,
+                     "tokens": info.prompt_len, "prefix": 0, "call": -1})
+    return pd.DataFrame(rows)
+
+
+def confirm_frame(doc: dict, metrics: list[str] | None = None) -> pd.DataFrame:
+    """Predicted vs measured (median, min, max) and relative error, per setting and metric."""
+    rows = []
+    for r in doc["results"]:
+        for m, pred in r["predicted"].items():
+            meas = r["measured"].get(m)
+            if not isinstance(meas, dict) or pred is None or meas.get("median") is None:
+                continue
+            rel = (r.get("rel_error") or {}).get(m)  # confirm's convention: (predicted - measured) / measured
+            if rel is None and meas["median"]:
+                rel = (pred - meas["median"]) / abs(meas["median"])
+            rows.append({"label": r["label"], "metric": m, "predicted": float(pred), "measured": float(meas["median"]),
+                         "min": float(meas.get("min", meas["median"])), "max": float(meas.get("max", meas["median"])),
+                         "rel_error": None if rel is None else float(rel)})
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    wanted = metrics or [m for m in CONFIRM_METRICS if m in set(df["metric"])] or sorted(set(df["metric"]))[:9]
+    df = df[df["metric"].isin(wanted)]
+    return df[np.isfinite(df["predicted"]) & np.isfinite(df["measured"])]
+
+
+def calibration_frame(profile: dict) -> pd.DataFrame:
+    """Each timed step: measured median, fitted, relative error, and its shape."""
+    samples = profile.get("samples") or []
+    rows = []
+    for s in samples:
+        if s.get("seconds") is None or s.get("fitted") is None:
+            continue
+        step = s.get("step")
+        size = s.get("chunk") if step == "prefill" else s.get("batch")
+        rows.append({"step": step, "measured": float(s["seconds"]), "fitted": float(s["fitted"]),
+                     "spread": float(s.get("spread") or 0.0), "held_out": "held out" if s.get("held_out") else "fit",
+                     "size": size, "prefix": s.get("prefix", 0), "batch": s.get("batch"),
+                     "context_sum": s.get("context_sum"),
+                     "rel_error": float(s["fitted"]) / float(s["seconds"]) - 1 if s["seconds"] else None})
+    return pd.DataFrame(rows)
+
+
+

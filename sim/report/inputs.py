@@ -1,0 +1,96 @@
+"""What a report reads: sweep folders, confirm reports, single-run logs; clear errors for bad ones."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from sim.files import read_json_object
+from sim.log import EventLog
+
+
+class ReportError(ValueError):
+    """An input the report cannot read; the message names the file and the problem."""
+
+
+@dataclass
+class LogSeries:
+    """An event log to draw: where it came from and which setting produced it."""
+    label: str
+    policy: str
+    source: str  # "simulated" or "measured"
+    log: EventLog
+
+
+@dataclass
+class Sweep:
+    df: pd.DataFrame
+    doc: dict
+    logs: list[LogSeries] = field(default_factory=list)
+
+
+def _read_json(path: str | Path, what: str) -> dict:
+    return read_json_object(path, what, ReportError)
+
+
+def log_of(d, where: str) -> EventLog:
+    try:
+        return EventLog.from_dict(d)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportError(f"{where}: not an event log ({type(e).__name__}: {e})") from None
+
+
+def load_sweep(directory: str | Path) -> Sweep:
+    """results.json of `pdsim sweep` (rows, inputs, picks) and any logs it saved."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ReportError(f"sweep {directory}: no such directory")
+    doc = _read_json(directory / "results.json", "sweep results")
+    if not isinstance(doc.get("rows"), list) or not doc["rows"]:
+        raise ReportError(f"sweep results {directory / 'results.json'}: no rows")
+    logs = []
+    for entry in doc.get("logs", []):
+        path = directory / entry["file"]
+        if path.is_file():
+            d = _read_json(path, "sweep log")
+            logs.append(LogSeries(d["label"], d["setting"]["policy"], "simulated",
+                                  log_of(d["log"], str(path))))
+    return Sweep(pd.DataFrame(doc["rows"]), doc, logs)
+
+
+def load_confirm(path: str | Path) -> dict:
+    """A `pdsim confirm` report: predicted vs measured per setting, and each run's log."""
+    doc = _read_json(path, "confirm report")
+    results = doc.get("results")
+    if not isinstance(results, list) or not results:
+        raise ReportError(f"confirm report {path}: missing or empty 'results'")
+    for i, r in enumerate(results):
+        for key in ("label", "predicted", "measured"):
+            if key not in r:
+                raise ReportError(f"confirm report {path}: results[{i}] has no {key!r}")
+    return doc
+
+
+def load_simulate(path: str | Path) -> dict:
+    """The JSON of `pdsim simulate --json-out`."""
+    doc = _read_json(path, "simulate output")
+    if "log" not in doc:
+        raise ReportError(f"simulate output {path}: no 'log' (written by `pdsim simulate --json-out`?)")
+    return doc
+
+
+def confirm_logs(doc: dict) -> list[LogSeries]:
+    """The first repeat of each confirmed setting: the measured run to draw."""
+    seen, out = set(), []
+    for i, run in enumerate(doc.get("runs", [])):
+        if run.get("label") in seen or "log" not in run:
+            continue
+        seen.add(run["label"])
+        policy = (run.get("setting") or {}).get("policy") or run["label"].split("/")[0]
+        out.append(LogSeries(run["label"], policy, "measured", log_of(run["log"], f"confirm runs[{i}]")))
+    return out
+
+
+# --- frames: what the charts draw --------------------------------------------------------------
+

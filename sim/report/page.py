@@ -1,0 +1,286 @@
+"""The page: sections in order, one self-contained HTML file (Vega JavaScript inline, from
+vl-convert), PNGs by the same renderer, and report.json."""
+from __future__ import annotations
+
+import html
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import altair as alt
+import numpy as np
+
+from sim.files import ExistsError, atomic_write_json, atomic_write_text
+from sim.report.charts import (
+    calibration_chart,
+    confirm_chart,
+    confirm_error_chart,
+    ecdf_chart,
+    gap_percentile_chart,
+    timeline_chart,
+    tradeoff_chart,
+)
+from sim.report.frames import (
+    calibration_frame,
+    confirm_frame,
+    ecdf_frame,
+    gap_percentile_frame,
+    group_name,
+    pick_marks,
+    timeline_frame,
+    tradeoff_frame,
+)
+from sim.report.inputs import (
+    LogSeries,
+    ReportError,
+    Sweep,
+    confirm_logs,
+    load_confirm,
+    load_simulate,
+    load_sweep,
+    log_of,
+)
+
+
+@dataclass
+class Section:
+    name: str  # file stem of the PNG, id of the div
+    title: str
+    about: str
+    chart: alt.TopLevelMixin | None = None
+    note: str = ""  # why the chart is missing
+    table: str = ""  # an HTML table under the chart
+
+
+def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, profile: dict | None = None,
+                   simulated: dict | None = None, latency: str | None = None) -> tuple[list[Section], dict]:
+    """Every chart the inputs allow, in page order, and a JSON-able summary of what went in."""
+    secs, summary = [], {}
+    # trade-off and gap percentiles, from a sweep
+    if sweep is not None:
+        inp = sweep.doc.get("inputs", {})
+        latency = latency or inp.get("latency") or "decode_gap_p95_ms"
+        throughput = inp.get("throughput") or "output_tok_s"
+        picked, front = pick_marks(sweep.doc.get("picks", []))
+        rows = []
+        for pk in sweep.doc.get("picks", []):
+            g = group_name(pk.get("group", {}))
+            rows.append({"group": g, "pick": pk.get("best") or "(none qualifies)",
+                         "qualifying": f"{pk.get('feasible')} of {pk.get('total')}",
+                         "runners-up": ", ".join(pk.get("runners_up", []))})
+        if latency != inp.get("latency"):
+            from sim.pick import pareto_front
+            front = set()
+            for g, sub in sweep.df.assign(_g=[group_name(r) for _, r in sweep.df.iterrows()]).groupby("_g"):
+                front |= {(g, lab) for lab in pareto_front(sub, latency, throughput)["label"]}
+        tf = tradeoff_frame(sweep.df, latency, throughput, picked, front)
+        about = (f"Each point is one setting of the sweep ({len(sweep.df)} runs): {throughput} against {latency}. "
+                 f"Colour: chunk budget; shape: policy. The dashed line joins the Pareto front (no other setting "
+                 f"has both lower {latency} and higher {throughput}); the ring marks the pick"
+                 + (f" ({inp.get('objective')}, subject to {', '.join(inp['slo']['constraints'])})"
+                    if inp.get("slo", {}).get("constraints") else f" ({inp.get('objective', '')})") + ".")
+        secs.append(Section("tradeoff", "Throughput / latency trade-off", about,
+                            tradeoff_chart(tf, latency, throughput) if len(tf) else None,
+                            "" if len(tf) else f"no run has finite {latency} and {throughput}",
+                            _html_table(rows, ["group", "pick", "qualifying", "runners-up"])))
+        gf = gap_percentile_frame(sweep.df)
+        secs.append(Section("gaps", "Gap distributions per policy",
+                            "Percentiles of the per-request inter-token gaps (meTile) and of the decode-completion "
+                            "gaps (tiny-llm) each setting produced, by chunk budget.",
+                            gap_percentile_chart(gf) if len(gf) else None,
+                            "" if len(gf) else "the sweep recorded no gaps"))
+        summary["sweep"] = {"rows": len(sweep.df), "latency": latency, "throughput": throughput,
+                            "picks": sweep.doc.get("picks", [])}
+    else:
+        secs.append(Section("tradeoff", "Throughput / latency trade-off", "", note="skipped: no --sweep given"))
+        secs.append(Section("gaps", "Gap distributions per policy", "", note="skipped: no --sweep given"))
+
+    series: list[LogSeries] = []
+    if simulated is not None:
+        s = simulated.get("setting", {})
+        from sim.commands.common import setting_label
+        label = setting_label(s) if s else "simulate"
+        series.append(LogSeries(label, s.get("policy", "?"), "simulated", log_of(simulated["log"], "--simulate")))
+    if sweep is not None:
+        series += sweep.logs
+    if confirm is not None:
+        series += confirm_logs(confirm)
+    if series:
+        ef = ecdf_frame(series)
+        secs.append(Section("gap_ecdf", "Gap distributions per run",
+                            "Cumulative distribution of every gap in each run's event log: simulated runs solid, "
+                            "runs measured on the real engine dashed.",
+                            ecdf_chart(ef) if len(ef) else None, "" if len(ef) else "the logs hold no gaps"))
+        first = series[0]
+        tl = timeline_frame(first.log)
+        n_req = tl["order"].nunique() if len(tl) else 0
+        secs.append(Section("timeline", "Per-request timeline",
+                            f"The first {n_req} of {len(first.log.requests)} requests of {first.label} "
+                            f"({first.source}): prefill chunks, decode calls and arrivals.",
+                            timeline_chart(tl, f"{first.label} ({first.source})") if len(tl) else None,
+                            "" if len(tl) else "the log has no calls"))
+    else:
+        why = "skipped: no event log (give --simulate, --confirm, or a sweep run with --logs)"
+        secs.append(Section("gap_ecdf", "Gap distributions per run", "", note=why))
+        secs.append(Section("timeline", "Per-request timeline", "", note=why))
+
+    if confirm is not None:
+        cf = confirm_frame(confirm)
+        about = ("Each setting the confirm report re-ran on the real engine: the simulator's prediction against the "
+                 "median of the measured repeats (whiskers: min and max).")
+        secs.append(Section("confirm", "Predicted vs measured", about, confirm_chart(cf) if len(cf) else None,
+                            "" if len(cf) else "the confirm report has no metric both predicted and measured",
+                            _html_table(cf.to_dict("records"), ["label", "metric", "predicted", "measured", "rel_error"])
+                            if len(cf) else ""))
+        if len(cf) and cf["rel_error"].notna().any():
+            secs.append(Section("confirm_error", "Prediction error", "Relative error of each prediction.",
+                                confirm_error_chart(cf)))
+        summary["confirm"] = {"settings": sorted(set(cf["label"])) if len(cf) else [],
+                              "median_abs_rel_error": float(cf["rel_error"].abs().median()) if len(cf) else None}
+    else:
+        secs.append(Section("confirm", "Predicted vs measured", "", note="skipped: no --confirm given"))
+
+    if profile is not None:
+        kf = calibration_frame(profile)
+        if len(kf):
+            stats = (kf.assign(abs_err=kf["rel_error"].abs()).groupby(["step", "held_out"])
+                     .agg(samples=("abs_err", "size"), median_abs_error=("abs_err", "median"),
+                          max_abs_error=("abs_err", "max")).reset_index())
+            about = (f"Step times of {profile['model'].get('name')} on {profile['device'].get('name', '?')}: the "
+                     "fitted cost model against the measured medians; held-out samples were not used by the fit.")
+            secs.append(Section("calibration", "Calibration quality", about, calibration_chart(kf), "",
+                                _html_table(stats.to_dict("records"), list(stats.columns))))
+            summary["calibration"] = stats.to_dict("records")
+        else:
+            secs.append(Section("calibration", "Calibration quality", "",
+                                note=f"skipped: profile {profile.get('_path', '')} has no measured samples "
+                                     "(the built-in illustrative profile has none; use one from `pdsim calibrate`)"))
+    else:
+        secs.append(Section("calibration", "Calibration quality", "", note="skipped: no --profile given"))
+    return secs, summary
+
+
+def _html_table(rows: list[dict], cols: list[str]) -> str:
+    if not rows:
+        return ""
+
+    def cell(v):
+        if isinstance(v, float):
+            return "-" if not np.isfinite(v) else f"{v:.4g}"
+        return html.escape(str(v))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c, ''))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+@lru_cache(maxsize=1)
+def vega_bundle() -> str:
+    """vega, vega-lite and vega-embed as one script, from vl-convert: no network at view time."""
+    import vl_convert as vlc
+    from altair.utils._importers import vl_version_for_vl_convert
+    return vlc.javascript_bundle(vl_version=vl_version_for_vl_convert())
+
+
+def page(sections: list[Section], inputs: dict) -> str:
+    """One self-contained HTML page: the JavaScript once, then each section's chart or note."""
+    parts, embeds = [], []
+    for s in sections:
+        parts.append(f'<section id="{s.name}"><h2>{html.escape(s.title)}</h2>')
+        if s.about:
+            parts.append(f"<p>{html.escape(s.about)}</p>")
+        if s.chart is not None:
+            parts.append(f'<div class="chart" id="chart-{s.name}"></div>')
+            embeds.append(f"vegaEmbed('#chart-{s.name}', {json.dumps(s.chart.to_dict())}, "
+                          "{mode: 'vega-lite', actions: {export: true, source: false, compiled: false, "
+                          "editor: false}}).catch(e => { document.getElementById('chart-" + s.name +
+                          "').textContent = 'chart failed: ' + e; });")
+        else:
+            parts.append(f'<p class="note">{html.escape(s.note)}</p>')
+        parts.append(s.table + "</section>")
+    listed = "".join(f"<li>{html.escape(k)}: {html.escape(str(v))}</li>" for k, v in inputs.items() if v)
+    # a script holding JSON must not contain "</": escape it so the page parses
+    script = "\n".join(embeds).replace("</", "<\\/")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>pdsim report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 1200px; color: #222; }}
+section {{ margin-bottom: 2.5em; }} .note {{ color: #8a5a00; background: #fff6e0; padding: .5em; }}
+table {{ border-collapse: collapse; font-size: 13px; margin-top: .5em; }}
+td, th {{ border: 1px solid #ccc; padding: 2px 8px; text-align: right; }}
+</style>
+<script>{vega_bundle()}</script>
+</head><body>
+<h1>pdsim report</h1>
+<p>Generated {time.strftime('%Y-%m-%d %H:%M:%S')}. Inputs:</p><ul>{listed}</ul>
+{''.join(parts)}
+<script>
+{script}
+</script>
+</body></html>
+"""
+
+
+def png_bytes(chart, scale: float = 2.0) -> bytes:
+    import vl_convert as vlc
+    from altair.utils._importers import vl_version_for_vl_convert
+    return vlc.vegalite_to_png(chart.to_dict(), vl_version=vl_version_for_vl_convert(), scale=scale)
+
+
+def _write_bytes(path: Path, data: bytes, overwrite: bool) -> None:
+    """Like sim.files.atomic_write_text, for a PNG."""
+    if path.exists() and not overwrite:
+        raise ExistsError(f"{path} exists; not overwriting it (pass --overwrite, or choose another path)")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_report(out_dir: str | Path, sections: list[Section], inputs: dict, summary: dict,
+                 overwrite: bool = False, png: bool = True) -> dict:
+    """report.html, one PNG per chart and report.json into `out_dir`; refuses to overwrite first."""
+    out = Path(out_dir)
+    names = ["report.html", "report.json"] + ([f"{s.name}.png" for s in sections if s.chart is not None] if png else [])
+    if not overwrite:
+        for n in names:
+            if (out / n).exists():
+                raise ExistsError(f"{out / n} exists; not overwriting it (pass --overwrite, or another -o)")
+    out.mkdir(parents=True, exist_ok=True)
+    charts = {}
+    for s in sections:
+        if s.chart is None:
+            continue
+        charts[s.name] = {"title": s.title}
+        if png:
+            _write_bytes(out / f"{s.name}.png", png_bytes(s.chart), overwrite)
+            charts[s.name]["png"] = f"{s.name}.png"
+    atomic_write_text(out / "report.html", page(sections, inputs), overwrite=overwrite)
+    doc = {"pdsim_report": 1, "inputs": inputs, "charts": charts,
+           "skipped": {s.name: s.note for s in sections if s.chart is None}, "summary": summary}
+    atomic_write_json(out / "report.json", doc, overwrite=overwrite)
+    return doc
+
+
+def make_report(out_dir: str | Path, sweep_dir=None, confirm_path=None, profile_path=None, simulate_path=None,
+                latency: str | None = None, overwrite: bool = False, png: bool = True) -> dict:
+    """Read whichever inputs are given, build every chart they allow, write the report."""
+    if not any((sweep_dir, confirm_path, profile_path, simulate_path)):
+        raise ReportError("nothing to report: give --sweep DIR, --confirm FILE, --profile FILE or --simulate FILE")
+    from sim.costmodel import load_profile
+    sweep = load_sweep(sweep_dir) if sweep_dir else None
+    confirm = load_confirm(confirm_path) if confirm_path else None
+    profile = load_profile(profile_path) if profile_path else None
+    simulated = load_simulate(simulate_path) if simulate_path else None
+    sections, summary = build_sections(sweep, confirm, profile, simulated, latency)
+    inputs = {"sweep": str(sweep_dir) if sweep_dir else None, "confirm": str(confirm_path) if confirm_path else None,
+              "profile": str(profile_path) if profile_path else None,
+              "simulate": str(simulate_path) if simulate_path else None}
+    return write_report(out_dir, sections, inputs, summary, overwrite, png)
