@@ -18,8 +18,9 @@ class PolicyError(ValueError):
 
 class Policy(Protocol):
     name: str
-    # True promises: once `schedule` returns decodes only, it returns the same work until a
-    # request arrives or finishes. The replay then prices a whole stretch of decodes at once.
+    # True promises: when `schedule` returns decodes and chunks that do not complete a prompt, it
+    # returns the same work (same requests, same chunk sizes) next iteration, unless a request
+    # arrived or finished. The replay then prices a whole stretch at once (`sim.steady`).
     steady: bool
 
     def schedule(self, state: EngineState) -> list[Work]:

@@ -10,8 +10,8 @@ one call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 from itertools import islice
+from typing import ClassVar
 
 from policies.base import Options
 from sim.state import EngineState

@@ -69,7 +69,7 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
         return None
     n, overhead = len(columns), cost.iteration
     columns[0] = [overhead + c for c in columns[0]]  # host work before each iteration's first call
-    clock = list(accumulate(chain.from_iterable(zip(*columns)), initial=t0))  # clock[k]: call k starts
+    clock = list(accumulate(chain.from_iterable(zip(*columns)), initial=t0))  # clock[k]: call k's turn
     if next_arrival is not None:  # iteration j starts at clock[j * n]; keep those before the arrival
         steps = -(-bisect_left(clock, next_arrival, n, steps * n) // n)
     starts = [clock[i:steps * n:n] for i in range(n)]
