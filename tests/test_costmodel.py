@@ -2,7 +2,6 @@
 import json
 import random
 
-import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
