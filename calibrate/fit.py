@@ -3,8 +3,8 @@
 The forms (sim/costmodel.py) are linear in their coefficients: dense(n) is a curve through one
 value per measured size (a hat-function basis), plus the attention terms. The fit is a
 non-negative least squares on relative error: each row is divided by its measured time, so a 5 ms
-decode counts as much as a 5 s prefill. A seeded quarter of the points per step is held out; the errors reported
-are on those. Where interpolation over the grid predicts the held-out points better than the form
+decode counts as much as a 5 s prefill. A seeded quarter of the points per step is held out;
+the errors reported are on those. Where interpolation over the grid predicts the held-out points better than the form
 (and the form misses the 5% target), the profile says to use the grid.
 """
 from __future__ import annotations

@@ -72,9 +72,6 @@ class Curve:
             return None
         return Curve(tuple(float(x) for x, _ in pairs), tuple(float(y) for _, y in pairs))
 
-    def to_pairs(self) -> list[list[float]]:
-        return [[x, y] for x, y in zip(self.sizes, self.seconds)]
-
 
 @dataclass
 class LinearCostModel:
