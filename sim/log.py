@@ -104,6 +104,16 @@ class EventLog:
     def call_count(self) -> int:
         return sum(map(len, self._parts))
 
+    def busy_seconds(self) -> float:
+        """Time the engine spent in calls (host overhead between calls excluded)."""
+        busy = 0.0
+        for part in self._parts:
+            if isinstance(part, list):
+                busy += sum(c.end - c.start for c in part)
+            else:
+                busy += sum(float(np.sum(np.subtract(col.ends, col.starts))) for col in part.columns)
+        return busy
+
     def decode_ends(self) -> np.ndarray:
         """End times of every decode call (not sorted), without building stretches' `Call`s."""
         ends = []

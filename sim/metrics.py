@@ -7,6 +7,7 @@
   requests; linear-interpolation percentiles; initial resumption gap: the gap of an already-decoding
   request that spans a new arrival; stalls: gaps above a threshold, their count and summed excess.
 - TTFT, TPOT, E2E latency, makespan, throughput, goodput (vLLM's serving-benchmark conventions).
+- busy fraction: time in engine calls over the makespan; near 1, arrivals outpace the engine.
 """
 from __future__ import annotations
 
@@ -154,6 +155,8 @@ def score(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0,
         m["goodput_req_s"] = good / makespan if makespan > 0 else math.nan
         m["slo_attained"] = good / len(rows) if rows else math.nan
     m["engine_calls"] = log.call_count
+    # share of the run the engine was busy: near 1 means arrivals outpace it (queues grow)
+    m["busy_frac"] = log.busy_seconds() / makespan if makespan > 0 else math.nan
     return m
 
 

@@ -84,6 +84,8 @@ def test_idle_engine_waits_for_the_next_arrival():
     log = simulate(trace, policies.make("chunked", 8, 2), COST)
     assert log.tokens == {"0": [5, 6], "1": [105, 106]}
     assert list(decode_gaps(log)) == []  # the only gap spans idle time
+    # busy 12 of the 106 seconds: prefill 5 + decode 1, twice
+    assert score(log)["busy_frac"] == pytest.approx(12 / 106)
 
 
 def test_nearest_rank_percentile():
