@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain, repeat
+from operator import sub
 from typing import Iterable, NamedTuple
 
 import numpy as np
@@ -111,18 +112,20 @@ class EventLog:
             if isinstance(part, list):
                 busy += sum(c.end - c.start for c in part)
             else:
-                busy += sum(float(np.sum(np.subtract(col.ends, col.starts))) for col in part.columns)
+                busy += sum(sum(map(sub, col.ends, col.starts)) for col in part.columns)
         return busy
 
     def decode_ends(self) -> np.ndarray:
         """End times of every decode call (not sorted), without building stretches' `Call`s."""
-        ends = []
+        ends: list[float] = []
         for part in self._parts:
             if isinstance(part, list):
-                ends.append(np.array([c.end for c in part if c.kind == "decode"], float))
+                ends += [c.end for c in part if c.kind == "decode"]
             else:
-                ends += [np.array(col.ends, float) for col in part.columns if col.kind == "decode"]
-        return np.concatenate(ends) if len(ends) > 1 else ends[0]
+                for col in part.columns:
+                    if col.kind == "decode":
+                        ends += col.ends
+        return np.array(ends, float)
 
     def to_dict(self) -> dict:
         return {
