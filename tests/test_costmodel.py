@@ -2,6 +2,7 @@
 import json
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
@@ -79,3 +80,13 @@ def test_a_malformed_dense_curve_is_refused(tmp_path, dense):
     path.write_text(json.dumps({"model": {"name": "m"}, "device": {}, "cost": cost}))
     with pytest.raises(ProfileError, match="cost.prefill.dense"):
         load_profile(path)
+
+
+def test_grid_model_falls_back_to_the_whole_form_outside_its_grid():
+    """Outside the measured grid the grid model uses the form, measured dense curve included."""
+    from sim.costmodel import GridCostModel
+    pts = np.array([[b, m, TRUTH.decode([m] * b)] for b in (1, 2) for m in (16, 64)])
+    grid = GridCostModel(TRUTH, np.array([[8, 0, 1.0], [16, 0, 2.0], [8, 64, 1.5]]), pts)
+    assert grid.decode([32, 32]) == pytest.approx(TRUTH.decode([32, 32]))  # inside: interpolated
+    assert grid.decode([128] * 4) == TRUTH.decode([128] * 4) > 0.68  # outside: the form
+    assert grid.decode_steps([128] * 4, 3).tolist() == [TRUTH.decode([128 + j] * 4) for j in range(3)]
