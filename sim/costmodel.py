@@ -105,18 +105,18 @@ class LinearCostModel:
         prefixes = np.arange(prefix, prefix + steps * chunk, chunk)
         return dense + c * chunk * (prefixes + chunk / 2) + d * prefixes
 
-    def decode_dense(self, n: int) -> float:
+    def dense_decode(self, n: int) -> float:
         """dense(batch): the decode step's cost apart from attention."""
         a, b, _ = self.decode_coef
         return self.decode_dense(n) if self.decode_dense else a + b * n
 
     def decode(self, contexts: Sequence[int]) -> float:
         n = len(contexts)
-        return self.decode_dense(n) + self.decode_coef[2] * n * max(contexts)
+        return self.dense_decode(n) + self.decode_coef[2] * n * max(contexts)
 
     def decode_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
         n = len(contexts)
-        return self.decode_dense(n) + self.decode_coef[2] * n * np.arange(max(contexts), max(contexts) + steps)
+        return self.dense_decode(n) + self.decode_coef[2] * n * np.arange(max(contexts), max(contexts) + steps)
 
 
 @dataclass
@@ -169,7 +169,7 @@ class GridCostModel:
     def _decode_at(self, batch: int, longest: np.ndarray) -> np.ndarray:
         """Interpolated seconds at these longest contexts; the linear form outside the grid."""
         v = self._dc(np.full(len(longest), batch), longest)
-        linear = self.linear.decode_dense(batch) + self.linear.decode_coef[2] * batch * longest
+        linear = self.linear.dense_decode(batch) + self.linear.decode_coef[2] * batch * longest
         return np.where(np.isfinite(v), v, linear)
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
