@@ -92,8 +92,11 @@ class LinearCostModel:
                 t += a + b * n + c * n * longest
         return t
 
+    def __post_init__(self) -> None:
+        self.prefill_coef = (tuple(self.prefill_coef) + (0.0,))[:4]  # a, b, c, d: d = 0 in 3-number profiles
+
     def _prefill_terms(self, chunk: int) -> tuple[float, float, float]:
-        a, b, c, d = (tuple(self.prefill_coef) + (0.0,))[:4]
+        a, b, c, d = self.prefill_coef
         return (self.prefill_dense(chunk) if self.prefill_dense else a + b * chunk), c, d
 
     def prefill(self, chunk: int, prefix: int) -> float:
@@ -115,8 +118,8 @@ class LinearCostModel:
         return self.dense_decode(n) + self.decode_coef[2] * n * max(contexts)
 
     def decode_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
-        n = len(contexts)
-        return self.dense_decode(n) + self.decode_coef[2] * n * np.arange(max(contexts), max(contexts) + steps)
+        n, longest = len(contexts), max(contexts)
+        return self.dense_decode(n) + self.decode_coef[2] * n * np.arange(longest, longest + steps)
 
 
 @dataclass

@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 import math
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 

@@ -11,23 +11,8 @@ from policies.base import Policy
 from sim.costmodel import CostModel
 from sim.log import EventLog
 from sim.state import EngineError, EngineState
-from sim.steady import steady_steps, steady_times
-from sim.work import Prefill, Work
+from sim.steady import call_cost, steady_steps, steady_times
 from traces.trace import Trace
-
-
-def call_cost(cost: CostModel, state: EngineState, work: Work) -> float:
-    """Seconds that `work` takes on the modelled engine, from the shapes the state gives it."""
-    try:
-        if isinstance(work, Prefill):
-            return cost.prefill(work.tokens, state.queued[work.rid].prefilled)
-        joined, left = state.batch_change(work)
-        contexts = [state.ready[rid].context for rid in work.rids]
-        t = cost.decode(contexts)
-        return t + cost.membership(joined, left, contexts) if joined or left else t
-    except (KeyError, AttributeError):
-        state.check(work)  # raises EngineError saying what the policy got wrong
-        raise
 
 
 def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True) -> EventLog:

@@ -1,4 +1,5 @@
-"""Steady stretches: many identical iterations priced and logged in one step.
+"""Pricing engine calls: one at a time (`call_cost`), or a steady stretch of identical
+iterations priced and logged in one step.
 
 Between arrivals, a policy asks for the same work iteration after iteration: the same decodes
 until one of those requests finishes, and, with a chunk budget, the same-size chunk of the same
@@ -17,6 +18,20 @@ from itertools import accumulate, chain
 from sim.costmodel import CostModel
 from sim.state import EngineState
 from sim.work import Decode, Prefill, Work
+
+
+def call_cost(cost: CostModel, state: EngineState, work: Work) -> float:
+    """Seconds that `work` takes on the modelled engine, from the shapes the state gives it."""
+    try:
+        if isinstance(work, Prefill):
+            return cost.prefill(work.tokens, state.queued[work.rid].prefilled)
+        joined, left = state.batch_change(work)
+        contexts = [state.ready[rid].context for rid in work.rids]
+        t = cost.decode(contexts)
+        return t + cost.membership(joined, left, contexts) if joined or left else t
+    except (KeyError, AttributeError):
+        state.check(work)  # raises EngineError saying what the policy got wrong
+        raise
 
 
 def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
@@ -59,11 +74,8 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
         if isinstance(w, Prefill):
             columns.append(cost.prefill_steps(w.tokens, state.queued[w.rid].prefilled, steps).tolist())
             continue
-        contexts = [state.ready[rid].context for rid in w.rids]
-        costs = cost.decode_steps(contexts, steps).tolist()
-        joined, left = state.batch_change(w)
-        if joined or left:
-            costs[0] = costs[0] + cost.membership(joined, left, contexts)
+        costs = cost.decode_steps([state.ready[rid].context for rid in w.rids], steps).tolist()
+        costs[0] = call_cost(cost, state, w)  # the same first step, plus any batch join or leave
         columns.append(costs)
     if min(map(min, columns)) < 0:
         return None
