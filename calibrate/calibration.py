@@ -28,7 +28,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     if need > lm.max_context:
         raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
-              "device": host["id"], "grid": grid.to_dict(), "seed": seed}
+              "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds"}
     partial = out.with_name(out.name + ".partial.jsonl")
     samples = run_grid(lm, grid, partial, header, seed=seed, progress=progress)
     fitted = fit_profile(samples, seed=seed)

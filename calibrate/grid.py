@@ -11,8 +11,8 @@ class Grid:
     batches: list[int]  # decode batch sizes
     contexts: list[int]  # decode context lengths (every request equal)
     mixed: list[list[int]] = field(default_factory=list)  # decode batches with mixed contexts
-    repeats: int = 3
-    warmup: int = 1  # untimed runs per point (the master-cache build warms every kernel once anyway)
+    repeats: int = 3  # rounds: each times every point once, in its own shuffled order
+    warmup: int = 1  # untimed runs on a point's first visit (the master-cache build warms every kernel once anyway)
     copy_batches: list[int] | None = None  # batch sizes for join/leave points (default: all but 1)
 
     def max_context(self) -> int:

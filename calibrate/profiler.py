@@ -1,9 +1,9 @@
-"""Time the engine's own step functions over a grid; resumable, in shuffled order, with progress.
+"""Time the engine's own step functions over a grid, in shuffled rounds; resumable, with progress.
 
 Every timed call is a step function the real executor runs (`prefill_chunk`, `DecodeBatch.sync`
 and `.step`, `decode_one`), on caches shaped as the executor's would be. Cache states are sliced
 from one long prefilled "master" cache, so a point at offset 2,048 does not pay a 2,048-token
-prefill of its own. Finished points are appended to a partial file, so an interrupted run resumes.
+prefill of its own. Finished timings are appended to a partial file, so an interrupted run resumes.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from calibrate.executor import RealEngine
 from calibrate.grid import Grid
 from calibrate.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
 from calibrate.model import LoadedModel
+from sim.errors import UserError
 from traces.generators import tinyllm
 
 
@@ -66,58 +67,53 @@ def _timed(fn) -> float:
 
 
 class Profiler:
+    """Times one grid point per call (one round); warm-up runs only on a point's first visit."""
+
     def __init__(self, lm: LoadedModel, grid: Grid):
         self.lm, self.grid = lm, grid
         self.master: Cache | None = None
         rng = random.Random(1)
         self.ids = [rng.randrange(lm.vocab_size) for _ in range(max(grid.chunks + [1]))]
 
-    def measure(self, point: dict) -> dict:
-        """Warm-up, then `repeats` timings of one grid point; returns the point with its raw times."""
+    def measure(self, point: dict, first_visit: bool) -> dict:
+        """One timing of `point`: the point with `seconds` and the shape it ran at."""
         if self.master is None and point["step"] != "overhead":
             self.master = master_cache(self.lm, self.grid.max_context())
-        fn = getattr(self, f"_{point['step']}")
-        times, extra = fn(point)
-        return dict(point, times=times, seconds=statistics.median(times),
-                    spread=(max(times) - min(times)), **extra)
+        untimed = self.grid.warmup if first_visit else 0
+        seconds, extra = getattr(self, f"_{point['step']}")(point, untimed)
+        return dict(point, seconds=seconds, **extra)
 
-    def _prefill(self, p: dict):
+    def _prefill(self, p: dict, untimed: int):
         chunk = self.ids[:p["chunk"]]
-        times = []
-        for i in range(self.grid.warmup + self.grid.repeats):
+        for _ in range(untimed + 1):
             cache = sliced(self.master, p["prefix"])
             dt = _timed(lambda: prefill_chunk(self.lm, cache, chunk))
-            if i >= self.grid.warmup:
-                times.append(dt)
-        return times, {"batch": 1}
+        return dt, {"batch": 1}
 
-    def _decode(self, p: dict):
+    def _decode(self, p: dict, untimed: int):
+        """A steady decode step: one untimed step first, as the first step on freshly merged
+        buffers is slower (the engine pays that once per batch change; join/leave measure it)."""
         ctx = p["contexts"]
         ids = [str(i) for i in range(len(ctx))]
         caches = {rid: sliced(self.master, c) for rid, c in zip(ids, ctx)}
-        times, grown = [], 0
         if p.get("batched", True):
             batch = DecodeBatch(self.lm)
             batch.sync(ids, caches)
             step = lambda: batch.step([1] * len(ids))
         else:
             step = lambda: decode_one(self.lm, caches["0"], 1)
-        for i in range(self.grid.warmup + self.grid.repeats):
+        for _ in range(untimed + 2):
             dt = _timed(step)
-            if i >= self.grid.warmup:
-                times.append(dt)
-                grown += 1
-        # contexts grew by one per step: report the mean context of the timed steps
-        mid = self.grid.warmup + (grown + 1) / 2
-        return times, {"batch": len(ctx), "context_sum": sum(c + mid for c in ctx), "context_max": max(ctx) + mid}
+        grown = untimed + 2  # the timed step wrote token ctx + grown: its context, as the simulator counts it
+        return dt, {"batch": len(ctx), "context_sum": sum(c + grown for c in ctx), "context_max": max(ctx) + grown}
 
-    def _join(self, p: dict):
-        return self._membership(p, join=True)
+    def _join(self, p: dict, untimed: int):
+        return self._membership(p, untimed, join=True)
 
-    def _leave(self, p: dict):
-        return self._membership(p, join=False)
+    def _leave(self, p: dict, untimed: int):
+        return self._membership(p, untimed, join=False)
 
-    def _membership(self, p: dict, join: bool):
+    def _membership(self, p: dict, untimed: int, join: bool):
         """The extra time of a decode call in which a request joins (merge/extend) or leaves (filter).
 
         Timed as sync + the first step after it, minus a steady step of the new batch: the first
@@ -126,8 +122,7 @@ class Profiler:
         ctx = p["contexts"]
         ids = [str(i) for i in range(len(ctx))]
         before, after = (ids[:-1], ids) if join else (ids, ids[:-1])
-        times = []
-        for i in range(self.grid.warmup + self.grid.repeats):
+        for _ in range(untimed + 1):
             caches = {rid: sliced(self.master, c) for rid, c in zip(ids, ctx)}
             batch = DecodeBatch(self.lm)
             batch.sync(before, caches)
@@ -136,52 +131,75 @@ class Profiler:
                 del caches[ids[-1]]  # a finished request leaves: nothing to write back
             changed = _timed(lambda: (batch.sync(after, caches), batch.step([1] * len(after))))
             steady = _timed(lambda: batch.step([1] * len(after)))
-            if i >= self.grid.warmup:
-                times.append(max(0.0, changed - steady))
         rows = ctx[:len(after)]
-        return times, {"batch": len(rows), "context_sum": sum(rows), "context_max": max(rows)}
+        return max(0.0, changed - steady), {"batch": len(rows), "context_sum": sum(rows), "context_max": max(rows)}
 
-    def _overhead(self, p: dict):
+    def _overhead(self, p: dict, untimed: int):
         """Host work per iteration: time between engine calls on a short real run, over iterations."""
         engine = RealEngine(self.lm)
         trace = tinyllm(num_seqs=4, min_in=16, max_in=48, min_out=6, max_out=6, seed=3, vocab=self.lm.vocab_size)
-        times = []
-        for i in range(self.grid.warmup + self.grid.repeats):
+        for _ in range(untimed + 1):
             log = engine.run(trace, policies.make("chunked", 16, 2)).log
-            between = sum(b.start - a.end for a, b in zip(log.calls, log.calls[1:]))
-            iterations = max(c.iteration for c in log.calls)
-            if i >= self.grid.warmup:
-                times.append(between / iterations)
-        return times, {}
+        between = sum(b.start - a.end for a, b in zip(log.calls, log.calls[1:]))
+        return between / max(c.iteration for c in log.calls), {}
 
 
 def run_grid(lm: LoadedModel, grid: Grid, partial: Path, header: dict, seed: int = 0,
              progress: bool = True) -> list[dict]:
-    """Measure every grid point not already in `partial`, appending each as it finishes."""
-    done: dict[str, dict] = {}
-    if partial.exists():
-        lines = partial.read_text().splitlines()
-        if lines and json.loads(lines[0]) == header:
-            for line in lines[1:]:
-                try:
-                    s = json.loads(line)
-                except json.JSONDecodeError:  # a line cut short by an interrupt
-                    continue
-                done[s["key"]] = s
-        else:
-            partial.unlink()
+    """Time every grid point once per round, `grid.repeats` rounds, each in a fresh shuffled order.
+
+    Rounds, not back-to-back repeats: this VM drifts by ~10% over minutes, and repeats timed
+    together would carry the drift of their moment into one point's median; across rounds it
+    spreads over every point. Each (point, round) is appended to `partial` as it finishes, so an
+    interrupted run resumes where it stopped.
+    """
+    done = _read_partial(partial, header)
+    rng = random.Random(seed)
+    todo = []
+    for r in range(grid.repeats):
+        order = grid.points()
+        rng.shuffle(order)
+        todo += [(r, p) for p in order if (p["key"], r) not in done]
+    visited = {key for key, _ in done}
+    prof = Profiler(lm, grid)
+    total = len(grid.points()) * grid.repeats
+    with open(partial, "a") as f:
+        for r, p in tqdm(todo, desc="calibrating", unit="pt", disable=not progress,
+                         initial=total - len(todo), total=total):
+            s = dict(prof.measure(p, first_visit=p["key"] not in visited), round=r)
+            visited.add(p["key"])
+            done[p["key"], r] = s
+            f.write(json.dumps(s) + "\n")
+            f.flush()
+    return [combine([done[p["key"], r] for r in range(grid.repeats)]) for p in grid.points()]
+
+
+def _read_partial(partial: Path, header: dict) -> dict[tuple[str, int], dict]:
+    """The (point, round) timings an earlier, interrupted run of the same calibration saved."""
+    done: dict[tuple[str, int], dict] = {}
     if not partial.exists():
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps(header) + "\n")
-    todo = [p for p in grid.points() if p["key"] not in done]
-    random.Random(seed).shuffle(todo)
-    # group prefill points needing the same master cache is unnecessary: one master serves all
-    prof = Profiler(lm, grid)
-    with open(partial, "a") as f:
-        for p in tqdm(todo, desc="calibrating", unit="pt", disable=not progress,
-                      initial=len(done), total=len(done) + len(todo)):
-            s = prof.measure(p)
-            done[s["key"]] = s
-            f.write(json.dumps(s) + "\n")
-            f.flush()
-    return [done[p["key"]] for p in grid.points()]
+        return done
+    lines = partial.read_text().splitlines()
+    if not lines or json.loads(lines[0]) != header:
+        raise UserError(f"{partial}: partial results of a different calibration (model, grid, seed or "
+                        "device differ); delete it to start over, or write the profile elsewhere with -o")
+    for line in lines[1:]:
+        try:
+            s = json.loads(line)
+            done[s["key"], s["round"]] = s
+        except (json.JSONDecodeError, KeyError):  # a line cut short by an interrupt
+            continue
+    return done
+
+
+def combine(visits: list[dict]) -> dict:
+    """One point's rounds as one sample: every timing, their median and spread, the mean shape."""
+    times = [v["seconds"] for v in visits]
+    out = {k: v for k, v in visits[0].items() if k != "round"}
+    out.update(times=times, seconds=statistics.median(times), spread=max(times) - min(times))
+    for k in ("context_sum", "context_max"):
+        if k in out:
+            out[k] = statistics.fmean(v[k] for v in visits)
+    return out

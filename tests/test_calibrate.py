@@ -3,10 +3,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from calibrate.grid import TINY
 from calibrate.model import build_model
 from calibrate.profiler import run_grid
 from sim.costmodel import cost_model, load_profile
+from sim.errors import UserError
 
 
 def pdsim(*args):
@@ -53,12 +56,31 @@ def test_interrupted_calibration_resumes(tmp_path):
     partial = tmp_path / "p.partial.jsonl"
     header = {"model": "qwen3-tiny", "grid": TINY.to_dict()}
     first = TINY.points()[0]
-    kept = dict(first, times=[9.0, 9.0, 9.0], seconds=9.0, spread=0.0, batch=1)
+    kept = dict(first, seconds=9.0, batch=1, round=1)
     partial.write_text(json.dumps(header) + "\n" + json.dumps(kept) + "\n" + '{"key": "cut sh')
     samples = run_grid(lm, TINY, partial, header, progress=False)
-    assert samples[0]["seconds"] == 9.0  # measured before the interrupt: kept, not re-measured
+    assert samples[0]["times"][1] == 9.0  # measured before the interrupt: kept, not re-measured
     assert len(samples) == len(TINY.points())
+    assert all(len(s["times"]) == TINY.repeats for s in samples)
     assert all(s["seconds"] < 1.0 for s in samples[1:])
+    # partial results of another calibration are refused, not deleted
+    with pytest.raises(UserError, match="different calibration"):
+        run_grid(lm, TINY, partial, dict(header, seed=5), progress=False)
+    assert partial.exists()
+
+
+def test_calibration_times_points_in_rounds(tmp_path):
+    """Every round times every point once, in its own order, before the next round starts."""
+    lm = build_model("qwen3-tiny")
+    partial = tmp_path / "p.partial.jsonl"
+    run_grid(lm, TINY, partial, {"model": "qwen3-tiny"}, progress=False)
+    lines = [json.loads(x) for x in partial.read_text().splitlines()[1:]]
+    rounds = [s["round"] for s in lines]
+    assert rounds == sorted(rounds) and set(rounds) == set(range(TINY.repeats))
+    keys = {p["key"] for p in TINY.points()}
+    orders = [[s["key"] for s in lines if s["round"] == r] for r in range(TINY.repeats)]
+    assert all(sorted(o) == sorted(keys) and len(o) == len(keys) for o in orders)
+    assert orders[0] != orders[1]  # reshuffled each round
 
 
 def test_calibrate_bad_input(tmp_path):
