@@ -74,8 +74,11 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
     print(f"grid {grid_name}: {len(prof['samples'])} points in {wall:.0f} s")
     for step, e in prof["fit"]["errors"].items():
         print(f"  {step:8s} held-out relative error ({e['held_out']} points): form mean {e['form_mean']:.1%} "
-              f"max {e['form_max']:.1%}; grid interpolation mean {e['grid_mean']:.1%} max {e['grid_max']:.1%}; "
-              f"repeat noise {e.get('repeat_noise', float('nan')):.1%}")
+              f"max {e['form_max']:.1%}; grid interpolation mean {e['grid_mean']:.1%} max {e['grid_max']:.1%}")
+        if "cv_form_mean" in e:
+            print(f"  {'':8s} cross-validated ({e['held_out'] + e['train']} points, {e['cv_folds']} folds): "
+                  f"form mean {e['cv_form_mean']:.1%} max {e['cv_form_max']:.1%}; grid interpolation mean "
+                  f"{e['cv_grid_mean']:.1%} max {e['cv_grid_max']:.1%}; repeat noise {e['repeat_noise']:.1%}")
     c = prof["cost"]
     per = lambda abc: f"{abc[0] * 1e3:.1f} ms + {abc[1] * 1e3:.1f} ms/row + {abc[2] * 1e6:.1f} us/row-token"
     print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms; batch join {per(c['join'])}; "

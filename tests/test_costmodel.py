@@ -62,10 +62,11 @@ def test_held_out_errors_follow_the_measurement_noise(tmp_path):
     """Exact data fits to ~0; 2% noise gives held-out errors of the same order, and the profile
     the fit writes is loaded back into the same predictions."""
     exact = fit_profile(_samples(TRUTH))
-    assert all(e["form_mean"] < 1e-3 for e in exact["fit"]["errors"].values())
+    assert all(max(e["form_mean"], e["cv_form_mean"]) < 1e-3 for e in exact["fit"]["errors"].values())
     noisy = fit_profile(_samples(TRUTH, noise=0.02))
     for e in noisy["fit"]["errors"].values():
         assert 0 < e["form_mean"] < 0.05 and e["repeat_noise"] == 0
+        assert 0.005 < e["cv_form_mean"] < 0.05 and e["cv_form_mean"] <= e["cv_form_max"]
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"model": {"name": "m"}, "device": {}, "cost": exact["cost"]}))
     m = cost_model(load_profile(path))
