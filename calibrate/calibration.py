@@ -9,8 +9,8 @@ from calibrate.fit import fit_profile
 from calibrate.grid import Grid
 from calibrate.host import host_info
 from calibrate.model import build_model
-from calibrate.profiler import run_grid
-from sim.costmodel import load_profile
+from calibrate.profiler import merge, run_grid
+from sim.costmodel import check_profile_matches, load_profile
 from sim.errors import UserError
 from sim.files import atomic_write_json
 
@@ -59,5 +59,40 @@ def refit(source: Path, out: Path, seed: int = 0, overwrite: bool = False) -> di
     prof.pop("_path")
     prof.update(fit_profile(prof["samples"], seed=seed), refit_of=str(source), created=stamp())
     atomic_write_json(out, prof, overwrite=overwrite)
+    prof["_path"] = str(out)
+    return prof
+
+
+def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[str] | None = None, seed: int = 0,
+               overwrite: bool = False, progress: bool = True) -> dict:
+    """Time more rounds of an existing calibration's points (all, or those of `steps`) and fit
+    every round together: a median over more rounds, spread over more time, is steadier where
+    timing noise holds the fit back. The source profile is left as it was."""
+    t0 = time.perf_counter()
+    prof = load_profile(source)
+    if not prof.get("samples") or "grid" not in prof:
+        raise UserError(f"profile {source} has no measured samples to add rounds to")
+    if out.exists() and not overwrite:
+        raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or choose another path)")
+    check_profile_matches(prof, device=host_info()["id"])
+    m = prof["model"]
+    lm = build_model(m["name"], dtype=m.get("dtype", "float32"), quant_bits=m.get("quant_bits"),
+                     weights=None if m.get("weights") in (None, "random") else m["weights"])
+    grid = Grid(**prof.pop("grid"))
+    first = max(len(s["times"]) for s in prof["samples"])
+    n = rounds or grid.repeats
+    keys = {s["key"] for s in prof["samples"] if not steps or s["step"] in steps}
+    header = {"add_to": str(source), "created": prof.get("created"), "rounds": [first, first + n],
+              "keys": sorted(keys), "seed": seed, "layout": "rounds"}
+    partial = out.with_name(out.name + ".partial.jsonl")
+    more = run_grid(lm, grid, partial, header, seed=seed, progress=progress, rounds=range(first, first + n), keys=keys)
+    prof.pop("_path")
+    prof["samples"] = merge(prof["samples"], more)
+    prof.update(fit_profile(prof["samples"], seed=seed), grid=grid.to_dict(),
+                calibrate_s=prof.get("calibrate_s", 0.0) + time.perf_counter() - t0,
+                rounds_added=prof.get("rounds_added", []) + [{"created": stamp(), "rounds": n, "steps": steps or "all",
+                                                               "source": str(source)}])
+    atomic_write_json(out, prof, overwrite=overwrite)
+    partial.unlink(missing_ok=True)
     prof["_path"] = str(out)
     return prof

@@ -21,9 +21,15 @@ def add_parser(sub) -> None:
     p.add_argument("--offsets", type=int, nargs="+", help="override the grid's prefill cache offsets")
     p.add_argument("--batches", type=int, nargs="+", help="override the grid's decode batch sizes")
     p.add_argument("--contexts", type=int, nargs="+", help="override the grid's decode context lengths")
-    p.add_argument("--repeats", type=int, help="override the timed repeats per point")
+    p.add_argument("--repeats", type=int, help="override the rounds: how often each point is timed, each round "
+                                                "visiting every point once in a fresh shuffled order")
     p.add_argument("--seed", type=int, default=0, help="seed of the point order and the held-out split")
     p.add_argument("--overwrite", action="store_true", help="replace an existing profile")
+    p.add_argument("--add-rounds", metavar="PROFILE",
+                   help="time more rounds (--repeats of them, default the grid's) of an existing calibration's "
+                        "points on this device, fit all rounds together, and write the result to -o")
+    p.add_argument("--steps", nargs="+", choices=["prefill", "decode", "join", "leave", "overhead"],
+                   help="with --add-rounds: time only these steps' points (default all)")
     p.add_argument("--refit", metavar="PROFILE",
                    help="no measuring: fit again the samples of an existing profile (e.g. after the cost "
                         "model's forms changed) and write the result to -o")
@@ -46,12 +52,23 @@ def default_profile_path(model: str, device_kind: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from calibrate.calibration import calibrate, refit
+    from calibrate.calibration import add_rounds, calibrate, refit
     from calibrate.grid import GRIDS
     if args.refit:
         if not args.out:
             raise ValueError("--refit needs -o for the refitted profile")
         report(refit(Path(args.refit), Path(args.out), args.seed, args.overwrite), "refit", 0.0)
+        return 0
+    if args.steps and not args.add_rounds:
+        raise ValueError("--steps goes with --add-rounds")
+    if args.add_rounds:
+        if not args.out:
+            raise ValueError("--add-rounds needs -o for the profile with the added rounds")
+        if args.repeats is not None and args.repeats < 1:
+            raise ValueError(f"--repeats {args.repeats}: values must be >= 1")
+        t0 = time.perf_counter()
+        prof = add_rounds(Path(args.add_rounds), Path(args.out), args.repeats, args.steps, args.seed, args.overwrite)
+        report(prof, "with added rounds", time.perf_counter() - t0)
         return 0
     grid_name = args.grid or ("quick" if args.quick else "full")
     overrides = {k: getattr(args, k) for k in ("chunks", "offsets", "batches", "contexts", "repeats")

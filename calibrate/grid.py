@@ -12,7 +12,7 @@ class Grid:
     contexts: list[int]  # decode context lengths (every request equal)
     mixed: list[list[int]] = field(default_factory=list)  # decode batches with mixed contexts
     repeats: int = 3  # rounds: each times every point once, in its own shuffled order
-    warmup: int = 1  # untimed runs on a point's first visit (the master-cache build warms every kernel once anyway)
+    warmup: int = 1  # untimed runs on a point's first visit (the master cache's real chunk warms every kernel once anyway)
     copy_batches: list[int] | None = None  # batch sizes for join/leave points (default: all but 1)
 
     def max_context(self) -> int:
@@ -52,7 +52,7 @@ def key_of(p: dict) -> str:
 
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256], offsets=[0, 256, 768], batches=[1, 2, 4, 8],
              contexts=[128, 512, 1024], mixed=[[64, 1024], [128, 256, 512, 1024], [96, 96, 96, 96, 960, 960]],
-             repeats=3, warmup=0, copy_batches=[2, 8])
+             repeats=3, warmup=0, copy_batches=[2, 4])
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 512, 1024, 2048],
             batches=[1, 2, 4, 8, 16], contexts=[64, 256, 1024, 2048],
             mixed=[[64, 2048], [128, 256, 512, 1024], [32] * 7 + [2048], [256, 1024, 1024, 2048, 64, 64]],

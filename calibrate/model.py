@@ -16,6 +16,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import qwen3
 
 _COMMON = dict(
@@ -89,6 +91,24 @@ class LoadedModel:
         return int(self.config["num_hidden_layers"])
 
 
+def random_weights(model: nn.Module, seed: int) -> nn.Module:
+    """Every matrix uniform in +-1/sqrt(fan-in), as mlx.nn initializes a Linear; norms stay ones.
+
+    Drawn with numpy, which is ~4x faster than MLX's CPU generator here (a 0.6B model built in
+    ~3 s instead of 12 s, and `confirm` builds it once per run); the values do not change timings.
+    """
+    rng = np.random.default_rng(seed)
+    fresh = []
+    for key, p in tree_flatten(model.parameters()):
+        if p.ndim >= 2:
+            scale = np.float32(1.0 / np.sqrt(p.shape[-1]))
+            w = rng.random(p.shape, dtype=np.float32)
+            w -= np.float32(0.5)
+            w *= 2 * scale
+            fresh.append((key, mx.array(w)))
+    return model.update(tree_unflatten(fresh))
+
+
 def build_model(
     name: str,
     dtype: str = "float32",
@@ -110,8 +130,7 @@ def build_model(
 
     if weights is None:
         config = dict(QWEN3_CONFIGS[name])
-        mx.random.seed(seed)
-        model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+        model = random_weights(qwen3.Model(qwen3.ModelArgs.from_dict(config)), seed)
         source = "random"
     else:
         path = _hf_cache_snapshot(name) if weights == "hf-cache" else Path(weights).expanduser()

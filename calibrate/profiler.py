@@ -27,12 +27,23 @@ from traces.generators import tinyllm
 
 
 def master_cache(lm: LoadedModel, length: int, chunk: int = 256) -> Cache:
-    """One request's cache holding `length` tokens; the source of every sliced state."""
+    """One request's cache holding `length` tokens; the source of every sliced state.
+
+    Its first chunk is a real prefill, which warms every kernel once. The rest is random keys and
+    values at each layer's own scale: attention costs the same whatever the values, and prefilling
+    2,500 real tokens would take minutes on a CPU before the first point is timed.
+    """
     cache = new_cache(lm)
     rng = random.Random(0)
-    ids = [rng.randrange(lm.vocab_size) for _ in range(length)]
-    for i in range(0, length, chunk):
-        prefill_chunk(lm, cache, ids[i:i + chunk])
+    prefill_chunk(lm, cache, [rng.randrange(lm.vocab_size) for _ in range(min(length, chunk))])
+    rest = length - cache[0].offset
+    if rest > 0:
+        for c in cache:
+            k, v = c.keys[..., :c.offset, :], c.values[..., :c.offset, :]
+            shape = (*k.shape[:2], rest, k.shape[3])
+            c.update_and_fetch(mx.random.normal(shape, k.dtype) * mx.std(k) + mx.mean(k),
+                               mx.random.normal(shape, v.dtype) * mx.std(v) + mx.mean(v))
+        mx.eval([(c.keys, c.values) for c in cache])
     return cache
 
 
@@ -145,25 +156,26 @@ class Profiler:
         return between / max(c.iteration for c in log.calls), {}
 
 
-def run_grid(lm: LoadedModel, grid: Grid, partial: Path, header: dict, seed: int = 0,
-             progress: bool = True) -> list[dict]:
-    """Time every grid point once per round, `grid.repeats` rounds, each in a fresh shuffled order.
+def run_grid(lm: LoadedModel, grid: Grid, partial: Path, header: dict, seed: int = 0, progress: bool = True,
+             rounds: range | None = None, keys: set[str] | None = None) -> list[dict]:
+    """Time every grid point (or those in `keys`) once per round, each round in its own shuffled order.
 
     Rounds, not back-to-back repeats: this VM drifts by ~10% over minutes, and repeats timed
     together would carry the drift of their moment into one point's median; across rounds it
     spreads over every point. Each (point, round) is appended to `partial` as it finishes, so an
     interrupted run resumes where it stopped.
     """
+    rounds = rounds if rounds is not None else range(grid.repeats)
+    points = [p for p in grid.points() if keys is None or p["key"] in keys]
     done = _read_partial(partial, header)
-    rng = random.Random(seed)
     todo = []
-    for r in range(grid.repeats):
-        order = grid.points()
-        rng.shuffle(order)
+    for r in rounds:
+        order = list(points)
+        random.Random(f"{seed}/{r}").shuffle(order)
         todo += [(r, p) for p in order if (p["key"], r) not in done]
     visited = {key for key, _ in done}
     prof = Profiler(lm, grid)
-    total = len(grid.points()) * grid.repeats
+    total = len(points) * len(rounds)
     with open(partial, "a") as f:
         for r, p in tqdm(todo, desc="calibrating", unit="pt", disable=not progress,
                          initial=total - len(todo), total=total):
@@ -172,7 +184,7 @@ def run_grid(lm: LoadedModel, grid: Grid, partial: Path, header: dict, seed: int
             done[p["key"], r] = s
             f.write(json.dumps(s) + "\n")
             f.flush()
-    return [combine([done[p["key"], r] for r in range(grid.repeats)]) for p in grid.points()]
+    return [combine([done[p["key"], r] for r in rounds]) for p in points]
 
 
 def _read_partial(partial: Path, header: dict) -> dict[tuple[str, int], dict]:
@@ -204,3 +216,10 @@ def combine(visits: list[dict]) -> dict:
         if k in out:
             out[k] = statistics.fmean(v[k] for v in visits)
     return out
+
+
+def merge(old: list[dict], more: list[dict]) -> list[dict]:
+    """`old` samples with the rounds of `more` (same keys) added to them."""
+    extra = {s["key"]: s for s in more}
+    rounds = lambda s: [dict(s, seconds=t) for t in s["times"]]
+    return [combine(rounds(s) + rounds(extra[s["key"]])) if s["key"] in extra else s for s in old]

@@ -1,10 +1,12 @@
 """Calibration on qwen3-tiny: the profile's content, resuming, and bad input."""
 import json
+import statistics
 import subprocess
 import sys
 
 import pytest
 
+from calibrate.calibration import add_rounds, calibrate
 from calibrate.grid import TINY
 from calibrate.model import build_model
 from calibrate.profiler import run_grid
@@ -81,6 +83,32 @@ def test_calibration_times_points_in_rounds(tmp_path):
     orders = [[s["key"] for s in lines if s["round"] == r] for r in range(TINY.repeats)]
     assert all(sorted(o) == sorted(keys) and len(o) == len(keys) for o in orders)
     assert orders[0] != orders[1]  # reshuffled each round
+
+
+def test_more_rounds_join_the_earlier_ones(tmp_path):
+    """--add-rounds times more rounds of some steps and fits every round; the source stays as it was."""
+    src, out = tmp_path / "tiny.json", tmp_path / "more.json"
+    calibrate("qwen3-tiny", TINY, src, progress=False)
+    before = src.read_text()
+    prof = add_rounds(src, out, rounds=2, steps=["decode"], progress=False)
+    assert src.read_text() == before and load_profile(out)["samples"] == prof["samples"]
+    old = {s["key"]: s for s in json.loads(before)["samples"]}
+    for s in prof["samples"]:
+        o = old[s["key"]]
+        if s["step"] == "decode":
+            assert len(s["times"]) == TINY.repeats + 2 and s["times"][:TINY.repeats] == o["times"]
+            assert s["seconds"] == statistics.median(s["times"])
+        else:
+            assert s["times"] == o["times"] and s["seconds"] == o["seconds"]
+    assert prof["rounds_added"][0]["steps"] == ["decode"]
+    assert not (tmp_path / "more.json.partial.jsonl").exists()
+    # a profile from another device is refused
+    doc = json.loads(before)
+    doc["device"]["id"] = "some-other-machine"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc))
+    code, _, err = pdsim("calibrate", "--add-rounds", str(other), "-o", str(tmp_path / "x.json"))
+    assert code == 2 and "some-other-machine" in err and "Traceback" not in err
 
 
 def test_calibrate_bad_input(tmp_path):
