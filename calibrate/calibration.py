@@ -8,7 +8,7 @@ from calibrate.cmd_calibrate import default_profile_path, stamp
 from calibrate.fit import fit_profile
 from calibrate.grid import Grid
 from calibrate.host import host_info
-from calibrate.model import build_model
+from calibrate.model import build_as_profiled, build_model
 from calibrate.profiler import merge, run_grid
 from sim.costmodel import check_profile_matches, load_profile
 from sim.errors import UserError
@@ -75,9 +75,7 @@ def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[s
     if out.exists() and not overwrite:
         raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or choose another path)")
     check_profile_matches(prof, device=host_info()["id"])
-    m = prof["model"]
-    lm = build_model(m["name"], dtype=m.get("dtype", "float32"), quant_bits=m.get("quant_bits"),
-                     weights=None if m.get("weights") in (None, "random") else m["weights"])
+    lm = build_as_profiled(prof["model"])
     grid = Grid(**prof.pop("grid"))
     first = max(len(s["times"]) for s in prof["samples"])
     n = rounds or grid.repeats

@@ -19,7 +19,7 @@ from tqdm import tqdm
 import policies
 from calibrate.gate import chunked_logits_match
 from calibrate.host import host_info
-from calibrate.model import build_model
+from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
 from calibrate.worker import warmup_trace
 from sim.errors import UserError
@@ -55,7 +55,7 @@ def check_inputs(prof: dict, trace: Trace, out: Path, host: dict, force: bool) -
 def gate(prof: dict, trace: Trace, settings: list[dict]) -> dict:
     """Chunked vs one-shot logits for every budget; identical greedy tokens across settings."""
     spec = model_spec(prof)
-    lm = build_model(spec["name"], dtype="float32", weights=spec["weights"] if spec["weights"] not in (None, "random") else None)
+    lm = build_as_profiled(dict(spec, dtype="float32", quant_bits=None))  # the gate's tolerances are for FP32
     req = max(trace.requests[:4], key=lambda r: r.prompt_len)
     prompt = prompt_tokens(req, lm.vocab_size)
     budgets = sorted({s["budget"] for s in settings if s.get("budget")} or {max(1, len(prompt) // 3)})

@@ -13,7 +13,7 @@ import time
 import policies
 from calibrate.executor import RealEngine
 from calibrate.host import host_info
-from calibrate.model import build_model
+from calibrate.model import build_as_profiled
 from sim.files import atomic_write_json
 from traces.trace import Request, Trace, load_jsonl
 
@@ -29,9 +29,7 @@ def warmup_trace(trace: Trace, n: int = 2, outputs: int = 4, prompt: int = 64) -
 
 
 def run_spec(spec: dict) -> dict:
-    m = spec["model"]
-    lm = build_model(m["name"], dtype=m.get("dtype", "float32"), quant_bits=m.get("quant_bits"),
-                     weights=m.get("weights") if m.get("weights") not in (None, "random") else None)
+    lm = build_as_profiled(spec["model"])
     trace = load_jsonl(spec["trace_path"])
     engine = RealEngine(lm)
     policy = policies.make(**spec["setting"])
