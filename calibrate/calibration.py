@@ -10,7 +10,7 @@ from calibrate.grid import Grid
 from calibrate.host import host_info
 from calibrate.model import build_as_profiled, build_model
 from calibrate.profiler import merge, run_grid
-from sim.costmodel import check_profile_matches, load_profile
+from sim.costmodel import load_profile
 from sim.errors import UserError
 from sim.files import atomic_write_json
 
@@ -74,7 +74,10 @@ def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[s
         raise UserError(f"profile {source} has no measured samples to add rounds to")
     if out.exists() and not overwrite:
         raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or choose another path)")
-    check_profile_matches(prof, device=host_info()["id"])
+    here = host_info()["id"]
+    if prof["device"].get("id") != here:
+        raise UserError(f"profile {source} was measured on {prof['device'].get('id')!r}, this is {here!r}: "
+                        "rounds from two devices do not mix")
     lm = build_as_profiled(prof["model"])
     grid = Grid(**prof.pop("grid"))
     first = max(len(s["times"]) for s in prof["samples"])
