@@ -174,7 +174,7 @@ def run_grid(lm: LoadedModel, grid: Grid, partial: Path, header: dict, seed: int
         order = list(points)
         random.Random(f"{seed}/{r}").shuffle(order)
         todo += [(r, p) for p in order if (p["key"], r) not in done]
-    visited = {key for key, _ in done}
+    visited: set[str] = set()  # warm-up is per process: a resumed run warms each point again
     prof = Profiler(lm, grid)
     total = len(points) * len(rounds)
     with open(partial, "a") as f:
