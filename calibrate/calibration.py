@@ -19,8 +19,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
               weights: str | None = None, seed: int = 0, overwrite: bool = False, progress: bool = True) -> dict:
     host = host_info()
     out = out or default_profile_path(model, host["kind"])
-    if out.exists() and not overwrite:
-        raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or choose another path)")
+    refuse_existing(out, overwrite)
     t0 = time.perf_counter()
     lm = build_model(model, dtype=dtype, quant_bits=quant_bits, weights=weights)
     build_s = time.perf_counter() - t0
@@ -72,14 +71,13 @@ def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[s
     prof = load_profile(source)
     if not prof.get("samples") or "grid" not in prof:
         raise UserError(f"profile {source} has no measured samples to add rounds to")
-    if out.exists() and not overwrite:
-        raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or choose another path)")
+    refuse_existing(out, overwrite)
     here = host_info()["id"]
     if prof["device"].get("id") != here:
         raise UserError(f"profile {source} was measured on {prof['device'].get('id')!r}, this is {here!r}: "
                         "rounds from two devices do not mix")
     lm = build_as_profiled(prof["model"])
-    grid = Grid(**prof.pop("grid"))
+    grid = Grid(**prof["grid"])
     first = max(len(s["times"]) for s in prof["samples"])
     n = rounds or grid.repeats
     keys = {s["key"] for s in prof["samples"] if not steps or s["step"] in steps}
@@ -89,7 +87,7 @@ def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[s
     more = run_grid(lm, grid, partial, header, seed=seed, progress=progress, rounds=range(first, first + n), keys=keys)
     prof.pop("_path")
     prof["samples"] = merge(prof["samples"], more)
-    prof.update(fit_profile(prof["samples"], seed=seed), grid=grid.to_dict(),
+    prof.update(fit_profile(prof["samples"], seed=seed),
                 calibrate_s=prof.get("calibrate_s", 0.0) + time.perf_counter() - t0,
                 rounds_added=prof.get("rounds_added", []) + [{"created": stamp(), "rounds": n, "steps": steps or "all",
                                                                "source": str(source)}])
@@ -97,3 +95,9 @@ def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[s
     partial.unlink(missing_ok=True)
     prof["_path"] = str(out)
     return prof
+
+
+def refuse_existing(out: Path, overwrite: bool) -> None:
+    """Before any measuring: an existing profile is replaced only when the user asks."""
+    if out.exists() and not overwrite:
+        raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or choose another path)")

@@ -61,21 +61,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.steps and not args.add_rounds:
         raise ValueError("--steps goes with --add-rounds")
-    if args.add_rounds:
-        if not args.out:
-            raise ValueError("--add-rounds needs -o for the profile with the added rounds")
-        if args.repeats is not None and args.repeats < 1:
-            raise ValueError(f"--repeats {args.repeats}: values must be >= 1")
-        t0 = time.perf_counter()
-        prof = add_rounds(Path(args.add_rounds), Path(args.out), args.repeats, args.steps, args.seed, args.overwrite)
-        report(prof, "with added rounds", time.perf_counter() - t0)
-        return 0
-    grid_name = args.grid or ("quick" if args.quick else "full")
     overrides = {k: getattr(args, k) for k in ("chunks", "offsets", "batches", "contexts", "repeats")
                  if getattr(args, k) is not None}
     for k, v in overrides.items():
         if any(x < (0 if k == "offsets" else 1) for x in (v if isinstance(v, list) else [v])):
             raise ValueError(f"--{k} {v}: values must be >= {0 if k == 'offsets' else 1}")
+    if args.add_rounds:
+        if not args.out:
+            raise ValueError("--add-rounds needs -o for the profile with the added rounds")
+        t0 = time.perf_counter()
+        prof = add_rounds(Path(args.add_rounds), Path(args.out), args.repeats, args.steps, args.seed, args.overwrite)
+        report(prof, "with added rounds", time.perf_counter() - t0)
+        return 0
+    grid_name = args.grid or ("quick" if args.quick else "full")
     grid = replace(GRIDS[grid_name], **overrides)
     out = Path(args.out) if args.out else None
     t0 = time.perf_counter()
