@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import lsq_linear
@@ -27,23 +28,50 @@ def _size(step: str, s: dict) -> int:
     return s["chunk"] if step == "prefill" else s["batch"]
 
 
-def _attention(step: str, s: dict) -> list[float]:
-    """The physical terms besides dense(n): prefill c*L*(P + L/2) and d*P; decode c*batch*max(context)."""
+def _attention(step: str, s: dict, knot: float) -> list[float]:
+    """The physical terms besides dense(n): prefill c*L*(P + L/2) and d*P; decode
+    batch*(c*min(x, knot) + e*max(0, x - knot)) for the longest context x."""
     if step == "prefill":
         return [s["chunk"] * (s["prefix"] + s["chunk"] / 2), s["prefix"]]
-    return [s["batch"] * _context_max(s)]
+    x = _context_max(s)
+    return [s["batch"] * min(x, knot), s["batch"] * max(0.0, x - knot)] if knot < np.inf else [s["batch"] * x]
 
 
-def fit_form(step: str, samples: list[dict]) -> tuple[list[float], list[list[float]]]:
-    """(coef, dense curve pairs): coef is [a, b, c, d] for prefill and [a, b, c] for decode, with
-    a = b = 0 since the curve through every measured size replaces a + b*n."""
+def knot_of(samples: list[dict]) -> float:
+    """Where a decode row's attention may change slope: the middle of the measured longest
+    contexts, when the grid measures a stretch at least half as long beyond it (a slope fitted
+    over less would be noise, and it prices every longer context); otherwise none (one slope)."""
+    xs = sorted({round(_context_max(s)) for s in samples})
+    mid = xs[len(xs) // 2] if len(xs) >= 3 else np.inf
+    return float(mid) if xs and xs[-1] >= 1.5 * mid else np.inf
+
+
+@dataclass
+class Form:
+    """A fitted form: coef [a, b, c, d] for prefill and [a, b, c(, e)] for decode, a = b = 0 since
+    the measured dense curve replaces a + b*n; the decode knot (inf: one slope)."""
+    step: str
+    coef: list[float]
+    dense: list[list[float]]
+    knot: float = np.inf
+
+    def model(self) -> LinearCostModel:
+        curve = Curve.from_pairs(self.dense)
+        if self.step == "prefill":
+            return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve)
+        return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot)
+
+
+def fit_form(step: str, samples: list[dict]) -> Form:
+    """Non-negative least squares on relative error, over a hat basis for dense(n) and the attention terms."""
     sizes = sorted({_size(step, s) for s in samples})
+    knot = knot_of(samples) if step == "decode" else np.inf
     hats = [Curve(tuple(sizes), tuple(float(i == k) for i in range(len(sizes)))) for k in range(len(sizes))]
-    X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s) for s in samples])
+    X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s, knot) for s in samples])
     y = np.array([s["seconds"] for s in samples])
     res = lsq_linear(X / y[:, None], np.ones(len(y)), bounds=(0, np.inf))
     dense = [[float(n), float(v)] for n, v in zip(sizes, res.x)]
-    return [0.0, 0.0] + [float(c) for c in res.x[len(sizes):]], dense
+    return Form(step, [0.0, 0.0] + [float(c) for c in res.x[len(sizes):]], dense, knot)
 
 
 def _grid_points(step: str, samples: list[dict]) -> np.ndarray:
@@ -76,7 +104,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     """The profile's `cost` and `fit` sections; marks held-out samples and fills in `fitted`."""
     rng = random.Random(seed)
     by_step = {st: [s for s in samples if s["step"] == st] for st in ("prefill", "decode")}
-    coef, dense, errors = {}, {}, {}
+    forms, errors = {}, {}
     for step, pts in by_step.items():
         if len(pts) < 4:
             raise ValueError(f"calibration has only {len(pts)} {step} points; need at least 4")
@@ -91,25 +119,24 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
                         "cv_folds": FOLDS, "cv_form_mean": float(cv_form.mean()), "cv_form_max": float(cv_form.max()),
                         "cv_grid_mean": float(cv_grid.mean()), "cv_grid_max": float(cv_grid.max()),
                         "repeat_noise": repeat_noise(pts)}
-        coef[step], dense[step] = fit_form(step, pts)  # the final fit uses every point
+        forms[step] = fit_form(step, pts)  # the final fit uses every point
     use = "fit"
     if any(e["cv_form_mean"] > TARGET and e["cv_grid_mean"] < e["cv_form_mean"] for e in errors.values()):
         use = "grid"
     med = lambda st: statistics.median([s["seconds"] for s in samples if s["step"] == st] or [0.0])
     cost = {
         "use": use,
-        "prefill": {"form": PREFILL_FORM, "coef": coef["prefill"], "dense": dense["prefill"],
+        "prefill": {"form": PREFILL_FORM, "coef": forms["prefill"].coef, "dense": forms["prefill"].dense,
                     "grid": _grid_points("prefill", by_step["prefill"]).tolist()},
-        "decode": {"form": DECODE_FORM, "coef": coef["decode"], "dense": dense["decode"],
+        "decode": {"form": DECODE_FORM, "coef": forms["decode"].coef, "dense": forms["decode"].dense,
+                   **({"knot": forms["decode"].knot} if forms["decode"].knot < np.inf else {}),
                    "grid": _grid_points("decode", by_step["decode"]).tolist()},
         "iteration": med("overhead"),
         "join": fit_copy([s for s in samples if s["step"] == "join"]),
         "leave": fit_copy([s for s in samples if s["step"] == "leave"]),
     }
-    final = LinearCostModel(tuple(coef["prefill"]), tuple(coef["decode"]), prefill_dense=Curve.from_pairs(dense["prefill"]),
-                            decode_dense=Curve.from_pairs(dense["decode"]))
     for step, pts in by_step.items():
-        for p, f in zip(pts, _predict(final, step, pts)):
+        for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
             p["fitted"] = float(f)
     return {"cost": cost, "fit": {"errors": errors, "target": TARGET, "uses": use}}
 
@@ -128,7 +155,7 @@ def _held_out_errors(step: str, pts: list[dict], tests: list[set[int]]) -> tuple
     for held in tests:
         train = [p for i, p in enumerate(pts) if i not in held]
         test = [p for i, p in enumerate(pts) if i in held]
-        lin = _linear(step, *fit_form(step, train))
+        lin = fit_form(step, train).model()
         e_form.append(_rel_errors(_predict(lin, step, test), test))
         e_grid.append(_rel_errors(_predict(_grid_model(step, lin, train), step, test), test))
     return np.concatenate(e_form), np.concatenate(e_grid)
@@ -152,13 +179,6 @@ def repeat_noise(samples: list[dict]) -> float:
     that held-out errors should be read against."""
     dev = [abs(t - s["seconds"]) / s["seconds"] for s in samples for t in s.get("times", ()) if s["seconds"] > 0]
     return float(np.mean(dev)) if dev else 0.0
-
-
-def _linear(step: str, c: list[float], dense: list[list[float]]) -> LinearCostModel:
-    zero, curve = (0.0, 0.0, 0.0), Curve.from_pairs(dense)
-    if step == "prefill":
-        return LinearCostModel(tuple(c), zero, prefill_dense=curve)
-    return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(c), decode_dense=curve)
 
 
 def _grid_model(step: str, lin: LinearCostModel, train: list[dict]) -> GridCostModel:

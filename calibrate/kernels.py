@@ -98,10 +98,11 @@ class DecodeBatch:
     per-request cache is stale until it leaves (see `sync`).
     """
 
-    def __init__(self, lm: LoadedModel):
+    def __init__(self, lm: LoadedModel, ids: list[str] | None = None, cache: Cache | None = None):
+        """An empty batch, or one holding `ids` over a batch `cache` built elsewhere (the profiler)."""
         self.lm = lm
-        self.ids: list[str] = []
-        self.cache: Cache | None = None  # None when the batch is empty
+        self.ids: list[str] = list(ids or [])
+        self.cache: Cache | None = cache  # None when the batch is empty
 
     def __len__(self) -> int:
         return len(self.ids)

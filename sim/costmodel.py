@@ -5,7 +5,10 @@ dense layers for L rows, dense(L), attention over the prefix and its own causal 
 c*L*(P + L/2), and one read of the prefix's KV cache, d*P. A decode step pays the dense layers
 for its batch, dense(batch), and attention over the batch cache, whose rows are left-padded to the
 longest context (mlx-lm's BatchKVCache): every row pays max(context), measured 0.996 s for
-contexts 128/256/512/1024 against 0.995 s for four rows of 1024 on Qwen3-0.6B.
+contexts 128/256/512/1024 against 0.995 s for four rows of 1024 on Qwen3-0.6B. A row's attention
+is c per token up to a knot and e per token beyond it: a kernel's cost per token changes with row
+length (OpenBLAS on this CPU threads the attention products only from ~1,000 tokens, and beyond
+that a token costs half as much; measured on Qwen3-1.7B). A profile without a knot has one slope.
 
 dense(n) is a + b*n, or, when a profile gives measured sizes, a `Curve` through them: the BLAS
 picks its kernel by shape, so at small sizes the cost is far from linear (Qwen3-0.6B on this CPU:
@@ -23,7 +26,8 @@ import numpy as np
 from sim.files import read_json_object
 
 PREFILL_FORM = "dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve"
-DECODE_FORM = "dense(batch) + c*batch*max(context); dense(batch) = a + b*batch or the measured curve"
+DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
+               "dense(batch) = a + b*batch or the measured curve")
 BUILTIN = Path(__file__).parent / "data" / "illustrative-m4pro-qwen3-0.6b.json"
 
 
@@ -76,7 +80,7 @@ class Curve:
 @dataclass
 class LinearCostModel:
     prefill_coef: tuple[float, ...]  # a, b, c[, d]
-    decode_coef: tuple[float, float, float]  # a, b, c
+    decode_coef: tuple[float, ...]  # a, b, c[, e]
     iteration: float = 0.0
     # a + b*batch + c*batch*max(context), once per call where requests join (leave): the batch
     # cache's left-padded rows are copied, and the first step on the new buffers is slower
@@ -84,6 +88,7 @@ class LinearCostModel:
     leave: tuple[float, float, float] = (0.0, 0.0, 0.0)
     prefill_dense: Curve | None = None  # measured dense(L); replaces a + b*L
     decode_dense: Curve | None = None  # measured dense(batch); replaces a + b*batch
+    decode_knot: float = float("inf")  # context where a row's attention slope goes from c to e
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
         n, longest, t = len(contexts), max(contexts), 0.0
@@ -94,6 +99,7 @@ class LinearCostModel:
 
     def __post_init__(self) -> None:
         self.prefill_coef = (tuple(self.prefill_coef) + (0.0,))[:4]  # a, b, c, d: d = 0 in 3-number profiles
+        self.decode_coef = (tuple(self.decode_coef) + (self.decode_coef[2],))[:4]  # a, b, c, e: one slope in 3-number ones
 
     def _prefill_terms(self, chunk: int) -> tuple[float, float, float]:
         a, b, c, d = self.prefill_coef
@@ -110,16 +116,24 @@ class LinearCostModel:
 
     def dense_decode(self, n: int) -> float:
         """dense(batch): the decode step's cost apart from attention."""
-        a, b, _ = self.decode_coef
+        a, b, _, _ = self.decode_coef
         return self.decode_dense(n) if self.decode_dense else a + b * n
+
+    def attention_row(self, longest):
+        """attn(x): one padded row's attention over `longest` cached tokens (a number or an array)."""
+        _, _, c, e = self.decode_coef
+        k = self.decode_knot
+        if k == float("inf"):
+            return c * longest
+        return c * np.minimum(longest, k) + e * np.maximum(0.0, np.subtract(longest, k))
 
     def decode(self, contexts: Sequence[int]) -> float:
         n = len(contexts)
-        return self.dense_decode(n) + self.decode_coef[2] * n * max(contexts)
+        return float(self.dense_decode(n) + n * self.attention_row(max(contexts)))
 
     def decode_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
         n, longest = len(contexts), max(contexts)
-        return self.dense_decode(n) + self.decode_coef[2] * n * np.arange(longest, longest + steps)
+        return self.dense_decode(n) + n * self.attention_row(np.arange(longest, longest + steps))
 
 
 @dataclass
@@ -172,7 +186,7 @@ class GridCostModel:
     def _decode_at(self, batch: int, longest: np.ndarray) -> np.ndarray:
         """Interpolated seconds at these longest contexts; the linear form outside the grid."""
         v = self._dc(np.full(len(longest), batch), longest)
-        linear = self.linear.dense_decode(batch) + self.linear.decode_coef[2] * batch * longest
+        linear = self.linear.dense_decode(batch) + batch * self.linear.attention_row(longest)
         return np.where(np.isfinite(v), v, linear)
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
@@ -189,7 +203,7 @@ def load_profile(path: str | Path) -> dict:
         if key not in prof:
             raise ProfileError(f"profile {path}: missing required field {key!r}")
     cost = prof["cost"]
-    for key, sizes in (("prefill", (3, 4)), ("decode", (3,))):
+    for key, sizes in (("prefill", (3, 4)), ("decode", (3, 4))):
         section = cost.get(key) if isinstance(cost.get(key), dict) else {}
         coef = section.get("coef")
         if not (isinstance(coef, list) and len(coef) in sizes and all(_is_number(x) for x in coef)):
@@ -201,6 +215,9 @@ def load_profile(path: str | Path) -> dict:
                                                           and all(map(_is_number, p)) for p in dense)
                 and all(a[0] < b[0] for a, b in zip(dense, dense[1:]))):
             raise ProfileError(f"profile {path}: 'cost.{key}.dense' must be [size, seconds] pairs, sizes increasing")
+    knot = cost["decode"].get("knot")
+    if len(cost["decode"]["coef"]) == 4 and not (_is_number(knot) and knot > 0):
+        raise ProfileError(f"profile {path}: 4 decode coefficients need 'cost.decode.knot', a positive context")
     if "name" not in prof["model"]:
         raise ProfileError(f"profile {path}: missing required field 'model.name'")
     prof["_path"] = str(path)
@@ -216,7 +233,8 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     c = prof["cost"]
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]),
                           float(c.get("iteration", 0.0)), _triple(c.get("join")), _triple(c.get("leave")),
-                          Curve.from_pairs(c["prefill"].get("dense")), Curve.from_pairs(c["decode"].get("dense")))
+                          Curve.from_pairs(c["prefill"].get("dense")), Curve.from_pairs(c["decode"].get("dense")),
+                          float(c["decode"].get("knot") or "inf"))
     if c.get("use", "fit") == "grid":
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),
                              lin.iteration)

@@ -4,12 +4,14 @@ import statistics
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from calibrate.calibration import add_rounds, calibrate
 from calibrate.grid import TINY
 from calibrate.model import build_model
-from calibrate.profiler import run_grid
+from calibrate.kernels import DecodeBatch
+from calibrate.profiler import ONCE, batch_cache, master_cache, run_grid, sliced
 from sim.costmodel import cost_model, load_profile
 from sim.errors import UserError
 
@@ -17,6 +19,11 @@ from sim.errors import UserError
 def pdsim(*args):
     p = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=300)
     return p.returncode, p.stdout, p.stderr
+
+
+def rounds(sample: dict) -> int:
+    """How many timings a point of a TINY calibration has: one per round, or one in all."""
+    return 1 if sample["step"] in ONCE else TINY.repeats
 
 
 def test_calibrate_writes_a_usable_profile(tmp_path):
@@ -31,7 +38,7 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     steps = {s["step"] for s in prof["samples"]}
     assert steps == {"prefill", "decode", "join", "leave", "overhead"}
     assert len(prof["samples"]) == len(TINY.points())
-    assert all(len(s["times"]) == TINY.repeats for s in prof["samples"])
+    assert all(len(s["times"]) == rounds(s) for s in prof["samples"])
     assert any(s.get("held_out") for s in prof["samples"] if s["step"] == "prefill")
     for step in ("prefill", "decode"):
         e = prof["fit"]["errors"][step]
@@ -63,7 +70,7 @@ def test_interrupted_calibration_resumes(tmp_path):
     samples = run_grid(lm, TINY, partial, header, progress=False)
     assert samples[0]["times"][1] == 9.0  # measured before the interrupt: kept, not re-measured
     assert len(samples) == len(TINY.points())
-    assert all(len(s["times"]) == TINY.repeats for s in samples)
+    assert all(len(s["times"]) == rounds(s) for s in samples)
     assert all(s["seconds"] < 1.0 for s in samples[1:])
     # partial results of another calibration are refused, not deleted
     with pytest.raises(UserError, match="different calibration"):
@@ -80,9 +87,31 @@ def test_calibration_times_points_in_rounds(tmp_path):
     rounds = [s["round"] for s in lines]
     assert rounds == sorted(rounds) and set(rounds) == set(range(TINY.repeats))
     keys = {p["key"] for p in TINY.points()}
+    once = {p["key"] for p in TINY.points() if p["step"] in ONCE}
     orders = [[s["key"] for s in lines if s["round"] == r] for r in range(TINY.repeats)]
-    assert all(sorted(o) == sorted(keys) and len(o) == len(keys) for o in orders)
-    assert orders[0] != orders[1]  # reshuffled each round
+    assert sorted(orders[0]) == sorted(keys)
+    assert all(sorted(o) == sorted(keys - once) and len(o) == len(keys - once) for o in orders[1:])
+    assert orders[1] != orders[2]  # reshuffled each round
+
+
+def test_profiler_batch_cache_steps_as_the_executors_merged_one():
+    """The profiler builds a decode batch's cache in one copy, with room to grow; one step on it
+    must reach the state the executor reaches by merging per-request caches and stepping: same
+    buffer, padding, positions and contents, and the same tokens."""
+    lm = build_model("qwen3-tiny")
+    master = master_cache(lm, 80)
+    ctx, ids = [8, 64, 33], ["a", "b", "c"]
+    real = DecodeBatch(lm)
+    real.sync(ids, {rid: sliced(master, c) for rid, c in zip(ids, ctx)})
+    built = DecodeBatch(lm, ids, batch_cache(master, ctx))
+    assert built.cache[0].keys.shape[2] > real.cache[0].keys.shape[2]  # room: no regrowth on the timed step
+    assert real.step([1, 2, 3]) == built.step([1, 2, 3])
+    for a, b in zip(real.cache, built.cache):
+        assert a.keys.shape == b.keys.shape and a._idx == b._idx
+        assert a.offset.tolist() == b.offset.tolist() and a.left_padding.tolist() == b.left_padding.tolist()
+        np.testing.assert_array_equal(np.array(a.keys[..., :a._idx, :]), np.array(b.keys[..., :b._idx, :]))
+        np.testing.assert_array_equal(np.array(a.values[..., :a._idx, :]), np.array(b.values[..., :b._idx, :]))
+    assert real.step([4, 5, 6]) == built.step([4, 5, 6])
 
 
 def test_more_rounds_join_the_earlier_ones(tmp_path):

@@ -49,13 +49,29 @@ TRUTH = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6),
 
 def test_fit_recovers_the_dense_curve_and_attention_terms():
     s = _samples(TRUTH)
-    coef, dense = fit_form("prefill", [x for x in s if x["step"] == "prefill"])
-    assert coef == pytest.approx([0, 0, 2e-8, 3e-5], rel=1e-4, abs=1e-12)
-    assert [d[0] for d in dense] == [8, 16, 32, 64, 128]
-    assert [d[1] for d in dense] == pytest.approx([0.6, 0.55, 0.8, 1.3, 2.1], rel=1e-4)
-    coef, dense = fit_form("decode", [x for x in s if x["step"] == "decode"])
-    assert coef == pytest.approx([0, 0, 4e-6], rel=1e-4, abs=1e-12)
-    assert [d[1] for d in dense] == pytest.approx([0.43, 0.5, 0.68, 0.72], rel=1e-4)
+    f = fit_form("prefill", [x for x in s if x["step"] == "prefill"])
+    assert f.coef == pytest.approx([0, 0, 2e-8, 3e-5], rel=1e-4, abs=1e-12)
+    assert [d[0] for d in f.dense] == [8, 16, 32, 64, 128]
+    assert [d[1] for d in f.dense] == pytest.approx([0.6, 0.55, 0.8, 1.3, 2.1], rel=1e-4)
+    f = fit_form("decode", [x for x in s if x["step"] == "decode"])
+    assert f.knot == 512  # the middle of 64, 512, 2048: the grid measures far beyond it
+    assert f.coef == pytest.approx([0, 0, 4e-6, 4e-6], rel=1e-4, abs=1e-12)  # one slope: both segments equal
+    assert [d[1] for d in f.dense] == pytest.approx([0.43, 0.5, 0.68, 0.72], rel=1e-4)
+
+
+def test_decode_attention_slope_may_change_at_the_knot():
+    """A row's attention costing half as much per token beyond 512 (as when the BLAS starts
+    threading) is recovered, and priced so beyond the grid; a grid that does not reach far past
+    its middle context keeps one slope."""
+    truth = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6, 2e-6), decode_knot=512,
+                            prefill_dense=TRUTH.prefill_dense, decode_dense=TRUTH.decode_dense)
+    s = [x for x in _samples(truth) if x["step"] == "decode"]
+    f = fit_form("decode", s)
+    assert (f.knot, f.coef) == (512, pytest.approx([0, 0, 4e-6, 2e-6], rel=1e-4, abs=1e-12))
+    assert f.model().decode([4096] * 3) == pytest.approx(truth.decode([4096] * 3))
+    assert truth.decode([4096]) - truth.decode([2048]) == pytest.approx(2048 * 2e-6)
+    short = [x for x in s if x["context_max"] < 2048]
+    assert fit_form("decode", short).knot == float("inf") and len(fit_form("decode", short).coef) == 3
 
 
 def test_held_out_errors_follow_the_measurement_noise(tmp_path):
@@ -81,6 +97,18 @@ def test_a_malformed_dense_curve_is_refused(tmp_path, dense):
     path.write_text(json.dumps({"model": {"name": "m"}, "device": {}, "cost": cost}))
     with pytest.raises(ProfileError, match="cost.prefill.dense"):
         load_profile(path)
+
+
+def test_two_decode_slopes_need_their_knot(tmp_path):
+    cost = {"prefill": {"coef": [0, 0, 1e-8, 0]}, "decode": {"coef": [0.1, 0.01, 1e-6, 5e-7]}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"model": {"name": "m"}, "device": {}, "cost": cost}))
+    with pytest.raises(ProfileError, match="cost.decode.knot"):
+        load_profile(path)
+    cost["decode"]["knot"] = 1000
+    path.write_text(json.dumps({"model": {"name": "m"}, "device": {}, "cost": cost}))
+    m = cost_model(load_profile(path))
+    assert m.decode([3000]) == pytest.approx(0.11 + 1e-6 * 1000 + 5e-7 * 2000)
 
 
 def test_grid_model_falls_back_to_the_whole_form_outside_its_grid():
