@@ -95,6 +95,13 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
                   f"form mean {e['cv_form_mean']:.1%} max {e['cv_form_max']:.1%}; grid interpolation mean "
                   f"{e['cv_grid_mean']:.1%} max {e['cv_grid_max']:.1%}; repeat noise {e['repeat_noise']:.1%}")
     c = prof["cost"]
+    d = c["decode"]
+    slopes = f"{d['coef'][2] * 1e6:.2f} us per row-token"
+    if "knot" in d:
+        slopes += f" up to {d['knot']:.0f} tokens, {d['coef'][3] * 1e6:.2f} us beyond"
+    if "lone" in d:
+        slopes += f"; a lone request {d['lone'] * 1e6:.2f} us per token"
+    print(f"  decode attention: {slopes}")
     per = lambda abc: f"{abc[0] * 1e3:.1f} ms + {abc[1] * 1e3:.1f} ms/row + {abc[2] * 1e6:.1f} us/row-token"
     print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms; batch join {per(c['join'])}; "
           f"leave {per(c['leave'])}; the profile uses: {c['use']}")

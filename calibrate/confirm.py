@@ -165,7 +165,8 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
 
 def profile_summary(prof: dict) -> dict:
     cost = {k: v for k, v in prof["cost"].items() if k not in ("prefill", "decode")}
-    cost |= {k: {"form": prof["cost"][k].get("form"), "coef": prof["cost"][k]["coef"]} for k in ("prefill", "decode")}
+    cost |= {k: {f: v for f, v in prof["cost"][k].items() if f in ("form", "coef", "knot", "lone")}
+             for k in ("prefill", "decode")}
     return {"path": prof.get("_path"), "model": prof["model"], "device": prof["device"], "cost": cost}
 
 

@@ -5,7 +5,7 @@ value per measured size (a hat-function basis), plus the attention terms. The fi
 non-negative least squares on relative error: each row is divided by its measured time, so a 5 ms
 decode counts as much as a 5 s prefill. Errors are reported two ways: on a seeded quarter of the
 points per step held out from one fit, and by 4-fold cross-validation (every point held out once;
-a steadier figure than a handful of points). Where interpolation over the grid cross-validates
+a steadier figure than a handful of points). Both hold out points stratified by measured size. Where interpolation over the grid cross-validates
 better than the form, and the form misses the 5% target, the profile says to use the grid.
 """
 from __future__ import annotations
@@ -28,13 +28,17 @@ def _size(step: str, s: dict) -> int:
     return s["chunk"] if step == "prefill" else s["batch"]
 
 
-def _attention(step: str, s: dict, knot: float) -> list[float]:
+def _attention(step: str, s: dict, knot: float, lone: bool) -> list[float]:
     """The physical terms besides dense(n): prefill c*L*(P + L/2) and d*P; decode
-    batch*(c*min(x, knot) + e*max(0, x - knot)) for the longest context x."""
+    batch*(c*min(x, knot) + e*max(0, x - knot)) for the longest context x, and with `lone`, a
+    decode of one request its own slope (one column, zero for batches)."""
     if step == "prefill":
         return [s["chunk"] * (s["prefix"] + s["chunk"] / 2), s["prefix"]]
-    x = _context_max(s)
-    return [s["batch"] * min(x, knot), s["batch"] * max(0.0, x - knot)] if knot < np.inf else [s["batch"] * x]
+    x, b = _context_max(s), s["batch"]
+    rows = [b * min(x, knot), b * max(0.0, x - knot)] if knot < np.inf else [b * x]
+    if not lone:
+        return rows
+    return [0.0] * len(rows) + [x] if b == 1 else rows + [0.0]
 
 
 def knot_of(samples: list[dict]) -> float:
@@ -54,24 +58,28 @@ class Form:
     coef: list[float]
     dense: list[list[float]]
     knot: float = np.inf
+    lone: float | None = None  # decode of one request: seconds per context token (None: as a batch row)
 
     def model(self) -> LinearCostModel:
         curve = Curve.from_pairs(self.dense)
         if self.step == "prefill":
             return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve)
-        return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot)
+        return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot,
+                               decode_lone=self.lone)
 
 
 def fit_form(step: str, samples: list[dict]) -> Form:
     """Non-negative least squares on relative error, over a hat basis for dense(n) and the attention terms."""
     sizes = sorted({_size(step, s) for s in samples})
     knot = knot_of(samples) if step == "decode" else np.inf
+    lone = step == "decode" and 1 in sizes and len(sizes) > 1
     hats = [Curve(tuple(sizes), tuple(float(i == k) for i in range(len(sizes)))) for k in range(len(sizes))]
-    X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s, knot) for s in samples])
+    X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s, knot, lone) for s in samples])
     y = np.array([s["seconds"] for s in samples])
     res = lsq_linear(X / y[:, None], np.ones(len(y)), bounds=(0, np.inf))
     dense = [[float(n), float(v)] for n, v in zip(sizes, res.x)]
-    return Form(step, [0.0, 0.0] + [float(c) for c in res.x[len(sizes):]], dense, knot)
+    coef = [float(c) for c in res.x[len(sizes):]]
+    return Form(step, [0.0, 0.0] + coef[:len(coef) - lone], dense, knot, coef[-1] if lone else None)
 
 
 def _grid_points(step: str, samples: list[dict]) -> np.ndarray:
@@ -102,17 +110,17 @@ def _context_max(s: dict) -> float:
 
 def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     """The profile's `cost` and `fit` sections; marks held-out samples and fills in `fitted`."""
-    rng = random.Random(seed)
     by_step = {st: [s for s in samples if s["step"] == st] for st in ("prefill", "decode")}
     forms, errors = {}, {}
     for step, pts in by_step.items():
         if len(pts) < 4:
             raise ValueError(f"calibration has only {len(pts)} {step} points; need at least 4")
-        held = set(rng.sample(range(len(pts)), max(2, len(pts) // 4)))
+        sizes = [_size(step, p) for p in pts]
+        held = _folds(sizes, random.Random(f"{seed}/{step}"))[0]  # a quarter, every size represented
         for i, p in enumerate(pts):
             p["held_out"] = i in held
         e_form, e_grid = _held_out_errors(step, pts, [held])
-        cv_form, cv_grid = _held_out_errors(step, pts, _folds(len(pts), random.Random(f"cv{seed}")))
+        cv_form, cv_grid = _held_out_errors(step, pts, _folds(sizes, random.Random(f"cv{seed}")))
         errors[step] = {"held_out": len(held), "train": len(pts) - len(held),
                         "form_mean": float(e_form.mean()), "form_max": float(e_form.max()),
                         "grid_mean": float(e_grid.mean()), "grid_max": float(e_grid.max()),
@@ -130,6 +138,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
                     "grid": _grid_points("prefill", by_step["prefill"]).tolist()},
         "decode": {"form": DECODE_FORM, "coef": forms["decode"].coef, "dense": forms["decode"].dense,
                    **({"knot": forms["decode"].knot} if forms["decode"].knot < np.inf else {}),
+                   **({"lone": forms["decode"].lone} if forms["decode"].lone is not None else {}),
                    "grid": _grid_points("decode", by_step["decode"]).tolist()},
         "iteration": med("overhead"),
         "join": fit_copy([s for s in samples if s["step"] == "join"]),
@@ -141,10 +150,13 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     return {"cost": cost, "fit": {"errors": errors, "target": TARGET, "uses": use}}
 
 
-def _folds(n: int, rng: random.Random) -> list[set[int]]:
-    """`FOLDS` disjoint test sets covering every point once (k-fold cross-validation)."""
-    order = list(range(n))
+def _folds(sizes: list[int], rng: random.Random) -> list[set[int]]:
+    """`FOLDS` disjoint test sets covering every point once (k-fold cross-validation), stratified
+    by measured size: each size's points are dealt across the folds, so no fit loses most of a
+    size (with three lone decodes, two held out together left one to fix both its terms)."""
+    order = list(range(len(sizes)))
     rng.shuffle(order)
+    order.sort(key=lambda i: sizes[i])  # stable: shuffled within a size
     return [set(order[k::FOLDS]) for k in range(FOLDS)]
 
 

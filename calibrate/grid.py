@@ -52,7 +52,7 @@ def key_of(p: dict) -> str:
 
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256], offsets=[0, 256, 768], batches=[1, 2, 4, 8],
              contexts=[128, 512, 1024], mixed=[[64, 1024], [128, 256, 512, 1024], [96, 96, 96, 96, 960, 960]],
-             repeats=3, warmup=0, copy_batches=[2, 4])
+             repeats=5, warmup=0, copy_batches=[2, 4])
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 512, 1024, 2048],
             batches=[1, 2, 4, 8, 16], contexts=[64, 256, 1024, 2048],
             mixed=[[64, 2048], [128, 256, 512, 1024], [32] * 7 + [2048], [256, 1024, 1024, 2048, 64, 64]],

@@ -89,6 +89,7 @@ class LinearCostModel:
     prefill_dense: Curve | None = None  # measured dense(L); replaces a + b*L
     decode_dense: Curve | None = None  # measured dense(batch); replaces a + b*batch
     decode_knot: float = float("inf")  # context where a row's attention slope goes from c to e
+    decode_lone: float | None = None  # a one-request decode's attention per context token (None: a batch row's)
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
         n, longest, t = len(contexts), max(contexts), 0.0
@@ -119,21 +120,23 @@ class LinearCostModel:
         a, b, _, _ = self.decode_coef
         return self.decode_dense(n) if self.decode_dense else a + b * n
 
-    def attention_row(self, longest):
-        """attn(x): one padded row's attention over `longest` cached tokens (a number or an array)."""
+    def attention(self, n: int, longest):
+        """A decode's attention: n rows padded to `longest` cached tokens (a number or an array)."""
+        if n == 1 and self.decode_lone is not None:
+            return self.decode_lone * longest
         _, _, c, e = self.decode_coef
         k = self.decode_knot
         if k == float("inf"):
-            return c * longest
-        return c * np.minimum(longest, k) + e * np.maximum(0.0, np.subtract(longest, k))
+            return n * c * longest
+        return n * (c * np.minimum(longest, k) + e * np.maximum(0.0, np.subtract(longest, k)))
 
     def decode(self, contexts: Sequence[int]) -> float:
         n = len(contexts)
-        return float(self.dense_decode(n) + n * self.attention_row(max(contexts)))
+        return float(self.dense_decode(n) + self.attention(n, max(contexts)))
 
     def decode_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
         n, longest = len(contexts), max(contexts)
-        return self.dense_decode(n) + n * self.attention_row(np.arange(longest, longest + steps))
+        return self.dense_decode(n) + self.attention(n, np.arange(longest, longest + steps))
 
 
 @dataclass
@@ -186,7 +189,7 @@ class GridCostModel:
     def _decode_at(self, batch: int, longest: np.ndarray) -> np.ndarray:
         """Interpolated seconds at these longest contexts; the linear form outside the grid."""
         v = self._dc(np.full(len(longest), batch), longest)
-        linear = self.linear.dense_decode(batch) + batch * self.linear.attention_row(longest)
+        linear = self.linear.dense_decode(batch) + self.linear.attention(batch, longest)
         return np.where(np.isfinite(v), v, linear)
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
@@ -218,6 +221,9 @@ def load_profile(path: str | Path) -> dict:
     knot = cost["decode"].get("knot")
     if len(cost["decode"]["coef"]) == 4 and not (_is_number(knot) and knot > 0):
         raise ProfileError(f"profile {path}: 4 decode coefficients need 'cost.decode.knot', a positive context")
+    lone = cost["decode"].get("lone")
+    if lone is not None and not (_is_number(lone) and lone >= 0):
+        raise ProfileError(f"profile {path}: 'cost.decode.lone' must be a non-negative number")
     if "name" not in prof["model"]:
         raise ProfileError(f"profile {path}: missing required field 'model.name'")
     prof["_path"] = str(path)
@@ -234,7 +240,7 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]),
                           float(c.get("iteration", 0.0)), _triple(c.get("join")), _triple(c.get("leave")),
                           Curve.from_pairs(c["prefill"].get("dense")), Curve.from_pairs(c["decode"].get("dense")),
-                          float(c["decode"].get("knot") or "inf"))
+                          float(c["decode"].get("knot") or "inf"), c["decode"].get("lone"))
     if c.get("use", "fit") == "grid":
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),
                              lin.iteration)

@@ -56,6 +56,7 @@ def test_fit_recovers_the_dense_curve_and_attention_terms():
     f = fit_form("decode", [x for x in s if x["step"] == "decode"])
     assert f.knot == 512  # the middle of 64, 512, 2048: the grid measures far beyond it
     assert f.coef == pytest.approx([0, 0, 4e-6, 4e-6], rel=1e-4, abs=1e-12)  # one slope: both segments equal
+    assert f.lone == pytest.approx(4e-6, rel=1e-4)  # a lone request priced as a row, as the truth does
     assert [d[1] for d in f.dense] == pytest.approx([0.43, 0.5, 0.68, 0.72], rel=1e-4)
 
 
@@ -71,6 +72,10 @@ def test_decode_attention_slope_may_change_at_the_knot():
     assert f.model().decode([4096] * 3) == pytest.approx(truth.decode([4096] * 3))
     assert truth.decode([4096]) - truth.decode([2048]) == pytest.approx(2048 * 2e-6)
     short = [x for x in s if x["context_max"] < 2048]
+    lone = LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 4e-6), decode_lone=9e-6, decode_dense=TRUTH.decode_dense)
+    f = fit_form("decode", [x for x in _samples(lone) if x["step"] == "decode"])
+    assert f.lone == pytest.approx(9e-6, rel=1e-4) and f.coef[2:] == pytest.approx([4e-6, 4e-6], rel=1e-4)
+    assert f.model().decode([3000]) == pytest.approx(0.43 + 9e-6 * 3000)
     assert fit_form("decode", short).knot == float("inf") and len(fit_form("decode", short).coef) == 3
 
 
@@ -99,16 +104,22 @@ def test_a_malformed_dense_curve_is_refused(tmp_path, dense):
         load_profile(path)
 
 
-def test_two_decode_slopes_need_their_knot(tmp_path):
+def test_decode_slopes_in_a_profile(tmp_path):
+    """Two slopes need their knot; a lone request's slope must be a non-negative number."""
     cost = {"prefill": {"coef": [0, 0, 1e-8, 0]}, "decode": {"coef": [0.1, 0.01, 1e-6, 5e-7]}}
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"model": {"name": "m"}, "device": {}, "cost": cost}))
     with pytest.raises(ProfileError, match="cost.decode.knot"):
         load_profile(path)
-    cost["decode"]["knot"] = 1000
+    cost["decode"]["knot"], cost["decode"]["lone"] = 1000, -1
+    path.write_text(json.dumps({"model": {"name": "m"}, "device": {}, "cost": cost}))
+    with pytest.raises(ProfileError, match="cost.decode.lone"):
+        load_profile(path)
+    cost["decode"]["knot"], cost["decode"]["lone"] = 1000, 2e-6
     path.write_text(json.dumps({"model": {"name": "m"}, "device": {}, "cost": cost}))
     m = cost_model(load_profile(path))
-    assert m.decode([3000]) == pytest.approx(0.11 + 1e-6 * 1000 + 5e-7 * 2000)
+    assert m.decode([3000] * 2) == pytest.approx(0.12 + 2 * (1e-6 * 1000 + 5e-7 * 2000))
+    assert m.decode([3000]) == pytest.approx(0.11 + 2e-6 * 3000)  # one request: its own slope
 
 
 def test_grid_model_falls_back_to_the_whole_form_outside_its_grid():
