@@ -5,8 +5,9 @@ value per measured size (a hat-function basis), plus the attention terms. The fi
 non-negative least squares on relative error: each row is divided by its measured time, so a 5 ms
 decode counts as much as a 5 s prefill. Errors are reported two ways: on a seeded quarter of the
 points per step held out from one fit, and by 4-fold cross-validation (every point held out once;
-a steadier figure than a handful of points). Both hold out points stratified by measured size. Where interpolation over the grid cross-validates
-better than the form, and the form misses the 5% target, the profile says to use the grid.
+a steadier figure than a handful of points); both hold points out stratified by measured size.
+Where interpolation over the grid cross-validates better than the form, and the form misses the
+5% target, the profile says to use the grid.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def knot_of(samples: list[dict]) -> float:
 @dataclass
 class Form:
     """A fitted form: coef [a, b, c, d] for prefill and [a, b, c(, e)] for decode, a = b = 0 since
-    the measured dense curve replaces a + b*n; the decode knot (inf: one slope)."""
+    the measured dense curve replaces a + b*n; the decode knot (inf: one slope) and lone slope."""
     step: str
     coef: list[float]
     dense: list[list[float]]

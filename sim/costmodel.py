@@ -9,6 +9,8 @@ contexts 128/256/512/1024 against 0.995 s for four rows of 1024 on Qwen3-0.6B. A
 is c per token up to a knot and e per token beyond it: a kernel's cost per token changes with row
 length (OpenBLAS on this CPU threads the attention products only from ~1,000 tokens, and beyond
 that a token costs half as much; measured on Qwen3-1.7B). A profile without a knot has one slope.
+A decode of one request may have its own slope, `lone` per token: it runs without the batch
+cache's mask and padding, and costs about twice a batch row per token here.
 
 dense(n) is a + b*n, or, when a profile gives measured sizes, a `Curve` through them: the BLAS
 picks its kernel by shape, so at small sizes the cost is far from linear (Qwen3-0.6B on this CPU:
@@ -27,7 +29,7 @@ from sim.files import read_json_object
 
 PREFILL_FORM = "dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve"
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
-               "dense(batch) = a + b*batch or the measured curve")
+               "one request alone: dense(1) + lone*context; dense(batch) = a + b*batch or the measured curve")
 BUILTIN = Path(__file__).parent / "data" / "illustrative-m4pro-qwen3-0.6b.json"
 
 
