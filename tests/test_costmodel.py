@@ -19,13 +19,14 @@ def test_curve_interpolates_between_sizes_is_flat_below_and_never_falls_beyond()
     assert Curve((1, 2), (1.0, 3.0))(4) == pytest.approx(7.0)  # a rising last segment extends
 
 
-@given(st.integers(1, 600), st.integers(0, 4000), st.integers(1, 40))
-def test_stretch_costs_are_the_per_call_costs(chunk, prefix, steps):
-    m = LinearCostModel((1e-3, 2e-5, 3e-8, 4e-6), (2e-3, 1e-4, 5e-8),
+@given(st.integers(1, 600), st.integers(0, 4000), st.integers(1, 40), st.sampled_from([float("inf"), 1000.0]),
+       st.sampled_from([None, 3e-7]))
+def test_stretch_costs_are_the_per_call_costs(chunk, prefix, steps, knot, lone):
+    m = LinearCostModel((1e-3, 2e-5, 3e-8, 4e-6), (2e-3, 1e-4, 5e-8, 2e-8), decode_knot=knot, decode_lone=lone,
                         prefill_dense=Curve((8, 64, 512), (0.5, 0.9, 4.0)), decode_dense=Curve((1, 4, 16), (0.4, 0.7, 0.7)))
     assert m.prefill_steps(chunk, prefix, steps).tolist() == [m.prefill(chunk, prefix + j * chunk) for j in range(steps)]
-    ctx = [prefix + 1, prefix // 2 + 1]
-    assert m.decode_steps(ctx, steps).tolist() == [m.decode([c + j for c in ctx]) for j in range(steps)]
+    for ctx in ([prefix + 1, prefix // 2 + 1], [prefix + 1]):
+        assert m.decode_steps(ctx, steps).tolist() == [m.decode([c + j for c in ctx]) for j in range(steps)]
 
 
 def _samples(truth: LinearCostModel, noise: float = 0.0) -> list[dict]:
@@ -63,7 +64,7 @@ def test_fit_recovers_the_dense_curve_and_attention_terms():
 def test_decode_attention_slope_may_change_at_the_knot():
     """A row's attention costing half as much per token beyond 512 (as when the BLAS starts
     threading) is recovered, and priced so beyond the grid; a grid that does not reach far past
-    its middle context keeps one slope."""
+    its middle context keeps one slope; a lone request's own slope is recovered."""
     truth = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6, 2e-6), decode_knot=512,
                             prefill_dense=TRUTH.prefill_dense, decode_dense=TRUTH.decode_dense)
     s = [x for x in _samples(truth) if x["step"] == "decode"]
@@ -72,11 +73,11 @@ def test_decode_attention_slope_may_change_at_the_knot():
     assert f.model().decode([4096] * 3) == pytest.approx(truth.decode([4096] * 3))
     assert truth.decode([4096]) - truth.decode([2048]) == pytest.approx(2048 * 2e-6)
     short = [x for x in s if x["context_max"] < 2048]
+    assert fit_form("decode", short).knot == float("inf") and len(fit_form("decode", short).coef) == 3
     lone = LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 4e-6), decode_lone=9e-6, decode_dense=TRUTH.decode_dense)
     f = fit_form("decode", [x for x in _samples(lone) if x["step"] == "decode"])
     assert f.lone == pytest.approx(9e-6, rel=1e-4) and f.coef[2:] == pytest.approx([4e-6, 4e-6], rel=1e-4)
     assert f.model().decode([3000]) == pytest.approx(0.43 + 9e-6 * 3000)
-    assert fit_form("decode", short).knot == float("inf") and len(fit_form("decode", short).coef) == 3
 
 
 def test_held_out_errors_follow_the_measurement_noise(tmp_path):

@@ -38,9 +38,11 @@ curves = st.one_of(st.none(), st.lists(st.tuples(st.integers(1, 300), st.floats(
 costs = st.builds(
     LinearCostModel,
     st.tuples(st.floats(1e-4, 0.05), st.floats(0, 1e-3), st.floats(0, 1e-6), st.floats(0, 1e-5)),
-    st.tuples(st.floats(1e-4, 0.05), st.floats(0, 1e-3), st.floats(0, 1e-6)),
+    st.tuples(st.floats(1e-4, 0.05), st.floats(0, 1e-3), st.floats(0, 1e-6), st.floats(0, 1e-6)),
     st.floats(0, 1e-3), st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-4), st.floats(0, 1e-6)),
-    st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-4), st.floats(0, 1e-6)), curves, curves)
+    st.tuples(st.floats(0, 1e-3), st.floats(0, 1e-4), st.floats(0, 1e-6)), curves, curves,
+    st.one_of(st.just(float("inf")), st.floats(1, 400)),  # decode knot
+    st.one_of(st.none(), st.floats(0, 2e-6)))  # a lone request's slope
 
 
 @settings(max_examples=150, deadline=None)
