@@ -18,6 +18,7 @@ batch 4 decodes as slowly as batch 16). A profile may instead ask for interpolat
 """
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,9 +129,11 @@ class LinearCostModel:
             return self.decode_lone * longest
         _, _, c, e = self.decode_coef
         k = self.decode_knot
-        if k == float("inf"):
+        if k == math.inf:
             return n * c * longest
-        return n * (c * np.minimum(longest, k) + e * np.maximum(0.0, np.subtract(longest, k)))
+        if isinstance(longest, np.ndarray):
+            return n * (c * np.minimum(longest, k) + e * np.maximum(0.0, longest - k))
+        return n * (c * min(longest, k) + e * max(0.0, longest - k))  # one call, the replay's hot path: no numpy
 
     def decode(self, contexts: Sequence[int]) -> float:
         n = len(contexts)
