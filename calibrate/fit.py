@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import lsq_linear
@@ -24,29 +24,51 @@ TARGET = 0.05
 FOLDS = 4  # cross-validation: every point held out once, predicted by a fit of the other three quarters
 
 
+TILES = (0, 8, 16, 32)  # prefill tile candidates (0: none), chosen by cross-validation
+
+
 def _size(step: str, s: dict) -> int:
     """What the dense layers' cost depends on: rows through the weights."""
     return s["chunk"] if step == "prefill" else s["batch"]
 
 
+def _single(s: dict) -> bool:
+    """A decode on the request's own cache (older samples say `batched`: False for batch 1)."""
+    return bool(s.get("single", not s.get("batched", True)))
+
+
 def _attention(step: str, s: dict, knot: float, lone: bool) -> list[float]:
     """The physical terms besides dense(n): prefill c*L*(P + L/2) and d*P; decode
     batch*(c*min(x, knot) + e*max(0, x - knot)) for the longest context x, and with `lone`, a
-    decode of one request its own slope (one column, zero for batches)."""
+    single decode its own slope (one column, zero for batches)."""
     if step == "prefill":
         return [s["chunk"] * (s["prefix"] + s["chunk"] / 2), s["prefix"]]
     x, b = _context_max(s), s["batch"]
+    if lone and _single(s):
+        return [0.0] * (2 if knot < np.inf else 1) + [x]
     rows = [b * min(x, knot), b * max(0.0, x - knot)] if knot < np.inf else [b * x]
-    if not lone:
-        return rows
-    return [0.0] * len(rows) + [x] if b == 1 else rows + [0.0]
+    return rows + [0.0] if lone else rows
+
+
+def _remainder(L: int, tile: int) -> list[float]:
+    """A chunk's rows beyond its last whole tile run slower kernels: [any at all, how many]."""
+    r = L % tile if tile else 0
+    return [float(r > 0), float(r)] if tile else []
+
+
+def _knots(sizes: list[int], tile: int) -> list[int]:
+    """Sizes the dense curve passes through: every measured size, or with a tile only the
+    multiples of it (and the ends), so the remainder terms carry what is unaligned."""
+    if not tile:
+        return sizes
+    return sorted({s for s in sizes if s % tile == 0} | {sizes[0], sizes[-1]})
 
 
 def knot_of(samples: list[dict]) -> float:
     """Where a decode row's attention may change slope: the middle of the measured longest
     contexts, when the grid measures a stretch at least half as long beyond it (a slope fitted
     over less would be noise, and it prices every longer context); otherwise none (one slope)."""
-    xs = sorted({round(_context_max(s)) for s in samples})
+    xs = sorted({round(_context_max(s)) for s in samples if not _single(s)})
     mid = xs[len(xs) // 2] if len(xs) >= 3 else np.inf
     return float(mid) if xs and xs[-1] >= 1.5 * mid else np.inf
 
@@ -54,39 +76,78 @@ def knot_of(samples: list[dict]) -> float:
 @dataclass
 class Form:
     """A fitted form: coef [a, b, c, d] for prefill and [a, b, c(, e)] for decode, a = b = 0 since
-    the measured dense curve replaces a + b*n; the decode knot (inf: one slope) and lone slope."""
+    the measured dense curve replaces a + b*n; the decode knot (inf: one slope), single slope,
+    the prefill tile and remainder, and (decode) the KV copy, join and leave costs."""
     step: str
     coef: list[float]
     dense: list[list[float]]
     knot: float = np.inf
-    lone: float | None = None  # decode of one request: seconds per context token (None: as a batch row)
+    lone: float | None = None  # single decode: seconds per context token (None: as a batch row)
+    tile: int = 0
+    rem: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    copy: float = 0.0  # seconds per token-row of KV buffer written
+    join: float = 0.0  # a call in which requests join the batch cache, besides its copies
+    leave: float = 0.0
 
-    def model(self) -> LinearCostModel:
+    def model(self, copy: float | None = None) -> LinearCostModel:
         curve = Curve.from_pairs(self.dense)
+        copy = self.copy if copy is None else copy
         if self.step == "prefill":
-            return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve)
+            return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve, prefill_tile=self.tile,
+                                   prefill_rem=tuple(self.rem), copy=copy)
         return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot,
-                               decode_lone=self.lone)
+                               decode_lone=self.lone, copy=copy, join=(self.join, 0.0, 0.0),
+                               leave=(self.leave, 0.0, 0.0))
 
 
-def fit_form(step: str, samples: list[dict]) -> Form:
-    """Non-negative least squares on relative error, over a hat basis for dense(n) and the attention terms."""
+def fit_form(step: str, samples: list[dict], tile: int | None = None, copy: float = 0.0) -> Form:
+    """Non-negative least squares on relative error, over a hat basis for dense(n), the attention
+    terms and (prefill) a tile's remainder, (decode) KV copies and batch joins and leaves. A prefill
+    is fitted with the decode's `copy` cost taken as known (its chunks rarely grow a buffer)."""
     sizes = sorted({_size(step, s) for s in samples})
+    if step == "prefill" and tile is None:
+        tile = pick_tile(samples, copy)
+    tile = tile or 0
+    knots = _knots(sizes, tile)
     knot = knot_of(samples) if step == "decode" else np.inf
-    lone = step == "decode" and 1 in sizes and len(sizes) > 1
-    hats = [Curve(tuple(sizes), tuple(float(i == k) for i in range(len(sizes)))) for k in range(len(sizes))]
-    X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s, knot, lone) for s in samples])
+    lone = step == "decode" and any(_single(s) for s in samples) and len(sizes) > 1
+    hats = [Curve(tuple(knots), tuple(float(i == k) for i in range(len(knots)))) for k in range(len(knots))]
+    extra = (lambda s: _remainder(s["chunk"], tile)) if step == "prefill" else (
+        lambda s: [s.get("written", 0), float(s.get("joined", 0) > 0), float(s.get("left", 0) > 0)])
+    X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s, knot, lone) + extra(s) for s in samples])
     y = np.array([s["seconds"] for s in samples])
-    res = lsq_linear(X / y[:, None], np.ones(len(y)), bounds=(0, np.inf))
-    dense = [[float(n), float(v)] for n, v in zip(sizes, res.x)]
-    coef = [float(c) for c in res.x[len(sizes):]]
-    return Form(step, [0.0, 0.0] + coef[:len(coef) - lone], dense, knot, coef[-1] if lone else None)
+    if step == "prefill":
+        y_fit = y - copy * np.array([s.get("written", 0) for s in samples])
+    else:
+        y_fit = y
+    used = np.abs(X).sum(axis=0) > 0  # a term no sample exercises stays 0
+    res = lsq_linear(X[:, used] / y[:, None], y_fit / y, bounds=(0, np.inf))
+    x = np.zeros(X.shape[1])
+    x[used] = res.x
+    dense = [[float(n), float(v)] for n, v in zip(knots, x)]
+    n_att = len(_attention(step, samples[0], knot, lone))
+    att = [float(c) for c in x[len(knots):len(knots) + n_att]]
+    more = [float(c) for c in x[len(knots) + n_att:]]
+    if step == "prefill":
+        return Form(step, [0.0, 0.0] + att, dense, tile=tile, rem=more or [0.0, 0.0], copy=copy)
+    return Form(step, [0.0, 0.0] + att[:len(att) - lone], dense, knot, att[-1] if lone else None,
+                copy=more[0], join=more[1], leave=more[2])
+
+
+def pick_tile(samples: list[dict], copy: float = 0.0) -> int:
+    """The prefill tile whose form cross-validates best (0: a plain curve through every size)."""
+    sizes = [s["chunk"] for s in samples]
+    folds = _folds(sizes, random.Random("tile"))
+    errs = {t: float(_held_out_errors("prefill", samples, folds, tile=t, copy=copy)[0].mean()) for t in TILES}
+    return min(errs, key=errs.get)
 
 
 def _grid_points(step: str, samples: list[dict]) -> np.ndarray:
+    """(size, prefix or longest context, seconds) of the plain calls: no copies, joins, singles."""
+    plain = [s for s in samples if not (s.get("written") or s.get("joined") or s.get("left") or _single(s))]
     if step == "prefill":
-        return np.array([[s["chunk"], s["prefix"], s["seconds"]] for s in samples], float)
-    return np.array([[s["batch"], _context_max(s), s["seconds"]] for s in samples], float)
+        return np.array([[s["chunk"], s["prefix"], s["seconds"]] for s in plain], float)
+    return np.array([[s["batch"], _context_max(s), s["seconds"]] for s in plain], float)
 
 
 def _rel_errors(pred: np.ndarray, samples: list[dict]) -> np.ndarray:
@@ -95,13 +156,20 @@ def _rel_errors(pred: np.ndarray, samples: list[dict]) -> np.ndarray:
 
 
 def _predict(model, step: str, samples: list[dict]) -> np.ndarray:
+    """Each sample priced from its shape, its KV copies and batch changes included."""
+    copy = np.array([model.copy * s.get("written", 0) for s in samples])
     if step == "prefill":
-        return np.array([model.prefill(s["chunk"], s["prefix"]) for s in samples])
-    return np.array([model.decode(_contexts(s)) for s in samples])
+        return copy + np.array([model.prefill(s["chunk"], s["prefix"]) for s in samples])
+    return copy + np.array([model.decode(_contexts(s), _single(s))
+                            + model.membership(s.get("joined", 0), s.get("left", 0), _contexts(s))
+                            for s in samples])
 
 
 def _contexts(s: dict) -> list[float]:
-    """A batch with the sample's size and longest context: what the decode form depends on."""
+    """A batch with the sample's size and longest context: what the decode form depends on (a
+    single decode of several requests: each its own context)."""
+    if _single(s) and "contexts" in s:
+        return list(s["contexts"])
     return [_context_max(s)] * s["batch"]
 
 
@@ -111,24 +179,28 @@ def _context_max(s: dict) -> float:
 
 def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     """The profile's `cost` and `fit` sections; marks held-out samples and fills in `fitted`."""
-    by_step = {st: [s for s in samples if s["step"] == st] for st in ("prefill", "decode")}
-    forms, errors = {}, {}
-    for step, pts in by_step.items():
+    by_step = {st: [s for s in samples if s["step"] == st] for st in ("decode", "prefill")}
+    forms, errors, copy, tile = {}, {}, 0.0, None
+    for step, pts in by_step.items():  # decode first: a prefill takes its KV copy cost as known
         if len(pts) < 4:
             raise ValueError(f"calibration has only {len(pts)} {step} points; need at least 4")
+        if step == "prefill":
+            tile = pick_tile(pts, copy)
         sizes = [_size(step, p) for p in pts]
         held = _folds(sizes, random.Random(f"{seed}/{step}"))[0]  # a quarter, every size represented
         for i, p in enumerate(pts):
             p["held_out"] = i in held
-        e_form, e_grid = _held_out_errors(step, pts, [held])
-        cv_form, cv_grid = _held_out_errors(step, pts, _folds(sizes, random.Random(f"cv{seed}")))
+        e_form, e_grid = _held_out_errors(step, pts, [held], tile, copy)
+        cv_form, cv_grid = _held_out_errors(step, pts, _folds(sizes, random.Random(f"cv{seed}")), tile, copy)
         errors[step] = {"held_out": len(held), "train": len(pts) - len(held),
                         "form_mean": float(e_form.mean()), "form_max": float(e_form.max()),
                         "grid_mean": float(e_grid.mean()), "grid_max": float(e_grid.max()),
                         "cv_folds": FOLDS, "cv_form_mean": float(cv_form.mean()), "cv_form_max": float(cv_form.max()),
                         "cv_grid_mean": float(cv_grid.mean()), "cv_grid_max": float(cv_grid.max()),
-                        "repeat_noise": repeat_noise(pts)}
-        forms[step] = fit_form(step, pts)  # the final fit uses every point
+                        "repeat_noise": repeat_noise(pts),
+                        **({"tile": tile} if step == "prefill" else {})}
+        forms[step] = fit_form(step, pts, tile, copy)  # the final fit uses every point
+        copy = forms[step].copy
     use = "fit"
     if any(e["cv_form_mean"] > TARGET and e["cv_grid_mean"] < e["cv_form_mean"] for e in errors.values()):
         use = "grid"
@@ -136,14 +208,18 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     cost = {
         "use": use,
         "prefill": {"form": PREFILL_FORM, "coef": forms["prefill"].coef, "dense": forms["prefill"].dense,
+                    **({"tile": tile, "remainder": forms["prefill"].rem} if tile else {}),
                     "grid": _grid_points("prefill", by_step["prefill"]).tolist()},
         "decode": {"form": DECODE_FORM, "coef": forms["decode"].coef, "dense": forms["decode"].dense,
                    **({"knot": forms["decode"].knot} if forms["decode"].knot < np.inf else {}),
                    **({"lone": forms["decode"].lone} if forms["decode"].lone is not None else {}),
                    "grid": _grid_points("decode", by_step["decode"]).tolist()},
         "iteration": med("overhead"),
-        "join": fit_copy([s for s in samples if s["step"] == "join"]),
-        "leave": fit_copy([s for s in samples if s["step"] == "leave"]),
+        "copy": forms["decode"].copy,
+        # calls where requests join or leave the batch cache, besides their copies (profiles before
+        # `copy` timed these as steps of their own: a + b*batch + c*batch*max(context))
+        "join": fit_copy([s for s in samples if s["step"] == "join"]) or [forms["decode"].join, 0.0, 0.0],
+        "leave": fit_copy([s for s in samples if s["step"] == "leave"]) or [forms["decode"].leave, 0.0, 0.0],
     }
     for step, pts in by_step.items():
         for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
@@ -161,23 +237,25 @@ def _folds(sizes: list[int], rng: random.Random) -> list[set[int]]:
     return [set(order[k::FOLDS]) for k in range(FOLDS)]
 
 
-def _held_out_errors(step: str, pts: list[dict], tests: list[set[int]]) -> tuple[np.ndarray, np.ndarray]:
+def _held_out_errors(step: str, pts: list[dict], tests: list[set[int]], tile: int | None = None,
+                     copy: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Relative errors (form, grid interpolation) on each test set, each predicted by a fit of
     the other points only."""
     e_form, e_grid = [], []
     for held in tests:
         train = [p for i, p in enumerate(pts) if i not in held]
         test = [p for i, p in enumerate(pts) if i in held]
-        lin = fit_form(step, train).model()
+        lin = fit_form(step, train, tile, copy).model()
         e_form.append(_rel_errors(_predict(lin, step, test), test))
         e_grid.append(_rel_errors(_predict(_grid_model(step, lin, train), step, test), test))
     return np.concatenate(e_form), np.concatenate(e_grid)
 
 
 def fit_copy(samples: list[dict]) -> list[float]:
-    """Batch-cache rebuild cost, a + b*batch + c*batch*max(context) (non-negative, weighted)."""
+    """Batch-cache rebuild cost, a + b*batch + c*batch*max(context) (non-negative, weighted), from
+    the join and leave steps of profiles made before KV copies were priced; [] without any."""
     if not samples:
-        return [0.0, 0.0, 0.0]
+        return []
     X = np.array([[1.0, s["batch"], s["batch"] * _context_max(s)] for s in samples])
     y = np.array([s["seconds"] for s in samples])
     w = 1.0 / np.maximum(y, 1e-3)  # extra times can be ~0 (noise): weigh them as 1 ms

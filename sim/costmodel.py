@@ -40,6 +40,7 @@ class ProfileError(ValueError):
 
 class CostModel(Protocol):
     iteration: float  # host work per scheduler iteration (policy, bookkeeping), seconds
+    copy: float  # seconds per token-row of KV buffer a call allocates and fills (`sim.kvcache`)
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 
@@ -47,9 +48,10 @@ class CostModel(Protocol):
         """`prefill` of `steps` consecutive chunks of one prompt, each `chunk` tokens further in;
         the same floats as `steps` calls of `prefill`."""
 
-    def decode(self, contexts: Sequence[int]) -> float: ...
+    def decode(self, contexts: Sequence[int], single: bool = False) -> float:
+        """One decode call; `single`: a request alone on its own cache (not the batch cache)."""
 
-    def decode_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+    def decode_steps(self, contexts: Sequence[int], steps: int, single: bool = False) -> np.ndarray:
         """`decode` of `steps` consecutive calls on the same requests, every context one longer
         each call; the same floats as `steps` calls of `decode`."""
 
@@ -92,7 +94,10 @@ class LinearCostModel:
     prefill_dense: Curve | None = None  # measured dense(L); replaces a + b*L
     decode_dense: Curve | None = None  # measured dense(batch); replaces a + b*batch
     decode_knot: float = float("inf")  # context where a row's attention slope goes from c to e
-    decode_lone: float | None = None  # a one-request decode's attention per context token (None: a batch row's)
+    decode_lone: float | None = None  # a single decode's attention per context token (None: a batch row's)
+    copy: float = 0.0  # seconds per token-row of KV buffer allocated and filled in a call
+    prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
+    prefill_rem: tuple[float, float] = (0.0, 0.0)  # their cost: once if any, and per row
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
         n, longest, t = len(contexts), max(contexts), 0.0
@@ -107,7 +112,10 @@ class LinearCostModel:
 
     def _prefill_terms(self, chunk: int) -> tuple[float, float, float]:
         a, b, c, d = self.prefill_coef
-        return (self.prefill_dense(chunk) if self.prefill_dense else a + b * chunk), c, d
+        dense = self.prefill_dense(chunk) if self.prefill_dense else a + b * chunk
+        if self.prefill_tile and (r := chunk % self.prefill_tile):
+            dense += self.prefill_rem[0] + self.prefill_rem[1] * r
+        return dense, c, d
 
     def prefill(self, chunk: int, prefix: int) -> float:
         dense, c, d = self._prefill_terms(chunk)
@@ -123,9 +131,9 @@ class LinearCostModel:
         a, b, _, _ = self.decode_coef
         return self.decode_dense(n) if self.decode_dense else a + b * n
 
-    def attention(self, n: int, longest):
+    def attention(self, n: int, longest, single: bool = False):
         """A decode's attention: n rows padded to `longest` cached tokens (a number or an array)."""
-        if n == 1 and self.decode_lone is not None:
+        if single and self.decode_lone is not None:
             return self.decode_lone * longest
         _, _, c, e = self.decode_coef
         k = self.decode_knot
@@ -135,11 +143,15 @@ class LinearCostModel:
             return n * (c * np.minimum(longest, k) + e * np.maximum(0.0, longest - k))
         return n * (c * min(longest, k) + e * max(0.0, longest - k))  # one call, the replay's hot path: no numpy
 
-    def decode(self, contexts: Sequence[int]) -> float:
+    def decode(self, contexts: Sequence[int], single: bool = False) -> float:
+        if single:  # one call per request, each on its own cache
+            return float(sum(self.dense_decode(1) + self.attention(1, c, True) for c in contexts))
         n = len(contexts)
         return float(self.dense_decode(n) + self.attention(n, max(contexts)))
 
-    def decode_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+    def decode_steps(self, contexts: Sequence[int], steps: int, single: bool = False) -> np.ndarray:
+        if single:
+            return sum(self.dense_decode(1) + self.attention(1, np.arange(c, c + steps), True) for c in contexts)
         n, longest = len(contexts), max(contexts)
         return self.dense_decode(n) + self.attention(n, np.arange(longest, longest + steps))
 
@@ -173,13 +185,21 @@ class GridCostModel:
     def prefill_steps(self, chunk: int, prefix: int, steps: int) -> np.ndarray:
         return np.array([self.prefill(chunk, prefix + j * chunk) for j in range(steps)])
 
-    def decode(self, contexts: Sequence[int]) -> float:
+    @property
+    def copy(self) -> float:
+        return self.linear.copy
+
+    def decode(self, contexts: Sequence[int], single: bool = False) -> float:
+        if single:
+            return self.linear.decode(contexts, True)
         n, longest = len(contexts), max(contexts)
         if longest != int(longest):  # a fractional context (a fit's mean context): no row for it
             return float(self._decode_at(n, np.array([longest], float))[0])
         return float(self._decode_row(n, int(longest) + 1)[int(longest)])
 
-    def decode_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+    def decode_steps(self, contexts: Sequence[int], steps: int, single: bool = False) -> np.ndarray:
+        if single:
+            return self.linear.decode_steps(contexts, steps, True)
         longest = max(contexts)
         return self._decode_row(len(contexts), longest + steps)[longest:longest + steps].copy()
 
@@ -245,7 +265,8 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]),
                           float(c.get("iteration", 0.0)), _triple(c.get("join")), _triple(c.get("leave")),
                           Curve.from_pairs(c["prefill"].get("dense")), Curve.from_pairs(c["decode"].get("dense")),
-                          float(c["decode"].get("knot") or "inf"), c["decode"].get("lone"))
+                          float(c["decode"].get("knot") or "inf"), c["decode"].get("lone"), float(c.get("copy", 0.0)),
+                          int(c["prefill"].get("tile", 0)), tuple(c["prefill"].get("remainder", (0.0, 0.0))))
     if c.get("use", "fit") == "grid":
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),
                              lin.iteration)

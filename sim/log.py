@@ -26,6 +26,8 @@ class Call(NamedTuple):
     joined: int = 0  # decode: requests that joined / left the batch cache at this call
     left: int = 0
     iteration: int = 0
+    written: int = 0  # token-rows of KV buffer the call allocated and filled (`sim.kvcache`)
+    batched: bool = True  # decode: one call on the batch cache, or on the request's own cache
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Column(NamedTuple):
     ends: list[float]
     joined: int = 0  # at the first iteration only
     left: int = 0
+    written: int = 0  # at the first iteration only: no buffer grows later in a stretch
+    batched: bool = True
 
 
 class Stretch(NamedTuple):
@@ -64,7 +68,7 @@ class Stretch(NamedTuple):
     def calls(self) -> Iterable[Call]:
         its = range(self.iteration, self.iteration + len(self.columns[0].ends))
         built = []
-        for kind, rids, tokens, first, starts, ends, joined, left in self.columns:
+        for kind, rids, tokens, first, starts, ends, joined, left, written, batched in self.columns:
             steps = len(ends)
             if kind == "prefill":
                 prefixes, contexts = range(first, first + steps * tokens, tokens), repeat(())
@@ -72,7 +76,8 @@ class Stretch(NamedTuple):
                 prefixes, contexts = repeat(0), zip(*(range(c, c + steps) for c in first))
             built.append(map(_make_call, zip(repeat(kind), starts, ends, repeat(rids),
                                              repeat(tokens), prefixes, contexts, chain((joined,), repeat(0)),
-                                             chain((left,), repeat(0)), its)))
+                                             chain((left,), repeat(0)), its, chain((written,), repeat(0)),
+                                             repeat(batched))))
         return built[0] if len(built) == 1 else chain.from_iterable(zip(*built))
 
 
@@ -131,9 +136,8 @@ class EventLog:
         return {
             "requests": [vars(r) for r in self.requests.values()],
             "calls": [[c.kind, c.start, c.end, list(c.rids), c.tokens, c.prefix, list(c.contexts),
-                       c.joined, c.left, c.iteration] for c in self.calls],
-            "call_fields": ["kind", "start", "end", "rids", "tokens", "prefix", "contexts", "joined",
-                            "left", "iteration"],
+                       c.joined, c.left, c.iteration, c.written, c.batched] for c in self.calls],
+            "call_fields": list(Call._fields),
             "tokens": self.tokens,
         }
 
@@ -142,7 +146,7 @@ class EventLog:
         log = EventLog()
         for r in d["requests"]:
             log.requests[r["rid"]] = RequestInfo(**r)
-        for k, s, e, rids, n, pre, ctx, j, lft, it in d["calls"]:
-            log.add(Call(k, s, e, tuple(rids), n, pre, tuple(ctx), j, lft, it))
+        for k, s, e, rids, n, pre, ctx, *rest in d["calls"]:  # logs before `written` have 10 fields
+            log.add(Call(k, s, e, tuple(rids), n, pre, tuple(ctx), *rest))
         log.tokens = {k: list(v) for k, v in d["tokens"].items()}
         return log

@@ -6,8 +6,9 @@ time (executors hand it start and end times).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from sim.kvcache import KVBuffers, write
 from sim.log import Call, Column, EventLog, RequestInfo, Stretch
 from sim.work import Decode, Prefill, Work
 from traces.trace import Request, Trace
@@ -56,6 +57,7 @@ class EngineState:
         self.queued: dict[str, RequestState] = {}
         self.ready: dict[str, RequestState] = {}
         self.batch: tuple[str, ...] = ()  # members of the batch decode cache after the last batched call
+        self.kv = KVBuffers()  # the KV caches' buffer sizes, as the real engine's grow and copy
         self.finished = 0
         self.arrived = 0
         self.log = EventLog()
@@ -81,6 +83,7 @@ class EngineState:
             s = RequestState(r)
             if r.prefilled:  # prefill and first token happened before the clock started
                 s.prefilled, s.generated = r.prompt_len, 1
+                self.kv.prefill(r.id, 0, r.prompt_len)
                 self.log.tokens[r.id].append(r.arrival)
                 self.ready[r.id] = s
             else:
@@ -95,6 +98,28 @@ class EngineState:
             return 0, 0
         new, old = set(work.rids), set(self.batch)
         return len(new - old), len(old - new)
+
+    def written(self, work: Work) -> int:
+        """Token-rows of KV buffer `work` would allocate and fill if it ran next (`sim.kvcache`)."""
+        kv = self.kv
+        if isinstance(work, Prefill):
+            return _grown(kv.own.get(work.rid, 0), self.queued[work.rid].prefilled, work.tokens)
+        if not work.batched:
+            return sum(_grown(kv.own.get(r, 0), self.ready[r].context - 1, 1) for r in work.rids)
+        if work.rids == kv.rows:
+            return len(work.rids) * _grown(kv.cap, kv.idx, 1)
+        return replace(kv, own=dict(kv.own)).decode_batch(work.rids, self.cached(work.rids))
+
+    def cached(self, rids) -> dict[str, int]:
+        """Tokens each request's cache holds before its next decode (all but its last token)."""
+        return {r: self.ready[r].context - 1 for r in set(rids) | set(self.kv.rows) if r in self.ready}
+
+    def _kv_apply(self, work: Work, prefix: int) -> int:
+        if isinstance(work, Prefill):
+            return self.kv.prefill(work.rid, prefix, work.tokens)
+        if not work.batched:
+            return sum(self.kv.decode_one(r, self.ready[r].context - 1) for r in work.rids)
+        return self.kv.decode_batch(work.rids, self.cached(work.rids))
 
     def check(self, work: Work) -> None:
         """Raise EngineError if `work` cannot run now."""
@@ -125,7 +150,7 @@ class EngineState:
             self.check(work)
             s = self.queued[work.rid]
             self.log.add(Call("prefill", start, end, (work.rid,), work.tokens, s.prefilled,
-                              iteration=self.iteration))
+                              iteration=self.iteration, written=self._kv_apply(work, s.prefilled)))
             s.prefilled += work.tokens
             if s.prefill_left == 0:
                 del self.queued[work.rid]
@@ -142,6 +167,7 @@ class EngineState:
             self.check(work)  # raises EngineError naming the request
             raise
         joined, left = self.batch_change(work)
+        written = self._kv_apply(work, 0)
         contexts = []
         for s in states:
             rid = s.req.id
@@ -150,9 +176,10 @@ class EngineState:
             tokens[rid].append(end)
             if s.generated == s.req.output_len:
                 del self.ready[rid]
+                self.kv.finish(rid)
                 self.finished += 1
         self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, tuple(contexts),
-                          joined, left, self.iteration))
+                          joined, left, self.iteration, written, work.batched))
         if work.batched:
             self.batch = work.rids
 
@@ -167,17 +194,23 @@ class EngineState:
         for w, begin, end in zip(work, starts, ends):
             if isinstance(w, Prefill):
                 s = self.queued[w.rid]
-                columns.append(Column("prefill", (w.rid,), w.tokens, s.prefilled, begin, end))
+                written = self._kv_apply(w, s.prefilled)  # the later chunks fit (sim.steady)
+                columns.append(Column("prefill", (w.rid,), w.tokens, s.prefilled, begin, end, 0, 0, written))
                 s.prefilled += steps * w.tokens
                 continue
             states = [self.ready[rid] for rid in w.rids]
+            joined, left = self.batch_change(w)
+            written = self._kv_apply(w, 0)
             columns.append(Column("decode", w.rids, len(w.rids), [s.context for s in states], begin, end,
-                                  *self.batch_change(w)))
+                                  joined, left, written, w.batched))
+            if w.batched:
+                self.kv.idx += steps - 1
             for s in states:
                 self.log.tokens[s.req.id].extend(end)
                 s.generated += steps
                 if s.generated == s.req.output_len:
                     del self.ready[s.req.id]
+                    self.kv.finish(s.req.id)
                     self.finished += 1
             if w.batched:
                 self.batch = w.rids
@@ -187,6 +220,11 @@ class EngineState:
 
     def _ready_or_finish(self, s: RequestState) -> None:
         if s.output_left == 0:
+            self.kv.finish(s.rid)
             self.finished += 1
         else:
             self.ready[s.rid] = s
+
+
+def _grown(cap: int, idx: int, n: int) -> int:
+    return write(cap, idx, n)[1]

@@ -13,9 +13,11 @@ It applies only to policies that declare `steady = True` (see `policies.base.Pol
 from __future__ import annotations
 
 from bisect import bisect_left
+from dataclasses import replace
 from itertools import accumulate, chain
 
 from sim.costmodel import CostModel
+from sim.kvcache import write
 from sim.state import EngineState
 from sim.work import Decode, Prefill, Work
 
@@ -23,11 +25,13 @@ from sim.work import Decode, Prefill, Work
 def call_cost(cost: CostModel, state: EngineState, work: Work) -> float:
     """Seconds that `work` takes on the modelled engine, from the shapes the state gives it."""
     try:
+        written = state.written(work)
+        t = cost.copy * written if written else 0.0
         if isinstance(work, Prefill):
-            return cost.prefill(work.tokens, state.queued[work.rid].prefilled)
+            return t + cost.prefill(work.tokens, state.queued[work.rid].prefilled)
         joined, left = state.batch_change(work)
         contexts = [state.ready[rid].context for rid in work.rids]
-        t = cost.decode(contexts)
+        t += cost.decode(contexts, not work.batched)
         return t + cost.membership(joined, left, contexts) if joined or left else t
     except (KeyError, AttributeError):
         state.check(work)  # raises EngineError saying what the policy got wrong
@@ -38,7 +42,8 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
     """How many iterations of `work` could run back to back if nothing arrived; < 2 = not worth it.
 
     The stretch ends with the iteration in which the first of its requests emits its last token,
-    and before the chunk that would complete a prompt (the policy may then do something else).
+    and before the chunk that would complete a prompt (the policy may then do something else), or
+    before a KV buffer would grow after the first iteration (`sim.kvcache`: that call copies).
     At most one batched decode, and no request twice.
     """
     if not getattr(policy, "steady", False) or sum(isinstance(w, Decode) and w.batched for w in work) > 1:
@@ -50,14 +55,28 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
             if s is None or w.rid in seen or w.tokens < 1:
                 return 0  # let the call-by-call path report the policy's mistake
             n = (s.prefill_left - 1) // w.tokens  # full chunks that leave the prompt unfinished
+            n = min(n, _fits(state.kv.own.get(w.rid, 0), s.prefilled, w.tokens))
             seen.add(w.rid)
         else:
             if not w.rids or any(rid in seen or rid not in state.ready for rid in w.rids):
                 return 0
             n = min(state.ready[rid].output_left for rid in w.rids)
+            if w.batched:
+                kv = state.kv if w.rids == state.kv.rows else replace(state.kv, own=dict(state.kv.own))
+                if kv is not state.kv:
+                    kv.sync(w.rids, state.cached(w.rids))
+                n = min(n, _fits(kv.cap, kv.idx, 1))
+            else:
+                n = min([n] + [_fits(state.kv.own.get(r, 0), state.ready[r].context - 1, 1) for r in w.rids])
             seen.update(w.rids)
         steps = n if steps is None else min(steps, n)
     return steps or 0
+
+
+def _fits(cap: int, idx: int, n: int) -> int:
+    """Iterations of n-token writes from `idx` in which no buffer grows after the first (>= 1)."""
+    cap = write(cap, idx, n)[0]  # the first may grow it
+    return max(1, 1 + (cap - idx - n) // n)
 
 
 def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: int, t0: float,
@@ -72,10 +91,10 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
     columns = []
     for w in work:
         if isinstance(w, Prefill):
-            columns.append(cost.prefill_steps(w.tokens, state.queued[w.rid].prefilled, steps).tolist())
-            continue
-        costs = cost.decode_steps([state.ready[rid].context for rid in w.rids], steps).tolist()
-        costs[0] = call_cost(cost, state, w)  # the same first step, plus any batch join or leave
+            costs = cost.prefill_steps(w.tokens, state.queued[w.rid].prefilled, steps).tolist()
+        else:
+            costs = cost.decode_steps([state.ready[rid].context for rid in w.rids], steps, not w.batched).tolist()
+        costs[0] = call_cost(cost, state, w)  # the same first call, with any copies and batch join or leave
         columns.append(costs)
     if min(map(min, columns)) < 0:
         return None

@@ -40,6 +40,9 @@ def _samples(truth: LinearCostModel, noise: float = 0.0) -> list[dict]:
         for M in (64, 512, 2048):
             t = truth.decode([M] * B) * (1 + rng.uniform(-noise, noise))
             out.append({"step": "decode", "batch": B, "context_max": M, "seconds": t, "times": [t]})
+    for M in (64, 512, 2048):  # a request alone on its own cache
+        t = truth.decode([M], single=True) * (1 + rng.uniform(-noise, noise))
+        out.append({"step": "decode", "batch": 1, "context_max": M, "single": True, "seconds": t, "times": [t]})
     return out
 
 
@@ -67,7 +70,7 @@ def test_decode_attention_slope_may_change_at_the_knot():
     its middle context keeps one slope; a lone request's own slope is recovered."""
     truth = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6, 2e-6), decode_knot=512,
                             prefill_dense=TRUTH.prefill_dense, decode_dense=TRUTH.decode_dense)
-    s = [x for x in _samples(truth) if x["step"] == "decode"]
+    s = [x for x in _samples(truth) if x["step"] == "decode" and not x.get("single")]
     f = fit_form("decode", s)
     assert (f.knot, f.coef) == (512, pytest.approx([0, 0, 4e-6, 2e-6], rel=1e-4, abs=1e-12))
     assert f.model().decode([4096] * 3) == pytest.approx(truth.decode([4096] * 3))
@@ -77,7 +80,36 @@ def test_decode_attention_slope_may_change_at_the_knot():
     lone = LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 4e-6), decode_lone=9e-6, decode_dense=TRUTH.decode_dense)
     f = fit_form("decode", [x for x in _samples(lone) if x["step"] == "decode"])
     assert f.lone == pytest.approx(9e-6, rel=1e-4) and f.coef[2:] == pytest.approx([4e-6, 4e-6], rel=1e-4)
-    assert f.model().decode([3000]) == pytest.approx(0.43 + 9e-6 * 3000)
+    assert f.model().decode([3000], single=True) == pytest.approx(0.43 + 9e-6 * 3000)
+    assert f.model().decode([3000]) == pytest.approx(0.43 + 4e-6 * 3000)  # a batch of one: a row
+
+
+def test_fit_recovers_a_tile_remainder_kv_copies_and_joins():
+    """Chunks beyond a multiple of 16 rows paying extra, and decode calls that copy KV buffers or
+    change the batch, are recovered from samples that exercise them; the tile by cross-validation."""
+    truth = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6), prefill_dense=TRUTH.prefill_dense,
+                            decode_dense=TRUTH.decode_dense, prefill_tile=16, prefill_rem=(0.05, 0.01), copy=2e-4,
+                            join=(0.03, 0.0, 0.0), leave=(0.02, 0.0, 0.0))
+    rng = random.Random(1)
+    pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 0} for L in (8, 16, 32, 64, 128)
+           for P in (0, 256, 1024)]
+    pre += [{"step": "prefill", "chunk": rng.randrange(9, 128), "prefix": rng.choice((0, 300)), "written": 0}
+            for _ in range(24)]
+    for x in pre:
+        x["seconds"] = truth.prefill(x["chunk"], x["prefix"])
+    dec = [{"step": "decode", "batch": B, "context_max": M, "written": w, "joined": j, "left": lft}
+           for B in (1, 2, 3, 4, 8) for M in (64, 300, 900) for w, j, lft in ((0, 0, 0), (B * 512, 1, 0),
+                                                                             (B * 300, 0, 1), (B * 256, 0, 0))]
+    for x in dec:
+        x["seconds"] = (truth.decode([x["context_max"]] * x["batch"]) + truth.copy * x["written"]
+                        + truth.membership(x["joined"], x["left"], [x["context_max"]] * x["batch"]))
+    fitted = fit_profile(pre + dec)
+    assert fitted["cost"]["prefill"]["tile"] == 16
+    assert fitted["cost"]["prefill"]["remainder"] == pytest.approx([0.05, 0.01], rel=1e-3)
+    assert fitted["cost"]["copy"] == pytest.approx(2e-4, rel=1e-4)
+    assert fitted["cost"]["join"][0] == pytest.approx(0.03, rel=1e-3)
+    assert fitted["cost"]["leave"][0] == pytest.approx(0.02, rel=1e-3)
+    assert max(e["cv_form_mean"] for e in fitted["fit"]["errors"].values()) < 1e-3
 
 
 def test_held_out_errors_follow_the_measurement_noise(tmp_path):
@@ -120,7 +152,7 @@ def test_decode_slopes_in_a_profile(tmp_path):
     path.write_text(json.dumps({"model": {"name": "m"}, "device": {}, "cost": cost}))
     m = cost_model(load_profile(path))
     assert m.decode([3000] * 2) == pytest.approx(0.12 + 2 * (1e-6 * 1000 + 5e-7 * 2000))
-    assert m.decode([3000]) == pytest.approx(0.11 + 2e-6 * 3000)  # one request: its own slope
+    assert m.decode([3000], single=True) == pytest.approx(0.11 + 2e-6 * 3000)  # alone: its own slope
 
 
 def test_grid_model_falls_back_to_the_whole_form_outside_its_grid():

@@ -54,3 +54,29 @@ def test_metile_ab_runs_with_a_prefilled_request(engine):
         assert all(c.rids == ("B",) for c in prefills)  # A's prefill happened before the clock
         m = score(run.log)
         assert m["output_tokens"] == 11 and m["resume_gap_max_ms"] > 0
+
+
+def _buffers(engine) -> tuple:
+    """The real caches' buffer sizes: the batch's rows, `_idx` and capacity, each own cache's capacity."""
+    b = engine.batch.cache[0] if engine.batch.cache else None
+    own = {rid: c[0].keys.shape[2] for rid, c in engine.caches.items() if c[0].keys is not None}
+    return tuple(engine.batch.ids), (b._idx, b.keys.shape[2]) if b is not None else (0, 0), own
+
+
+@pytest.mark.parametrize("setting", SETTINGS + [{"policy": "eager", "batch_size": 3, "order": "decode-first"}])
+def test_kv_buffer_sizes_follow_mlx_lm_call_by_call(engine, setting):
+    """sim.kvcache follows mlx-lm's buffers exactly: after every call the batch cache's rows,
+    `_idx` and capacity and every request's own capacity are what the engine state says, over
+    prompts that cross the 256-token growth step, joins, leaves and single decodes."""
+    trace = tinyllm(6, 30, 300, 3, 40, seed=4, vocab=1024)
+    seen = []
+
+    def check(state):
+        rows, batch, own = _buffers(engine)
+        kv = state.kv
+        assert (rows, batch) == (kv.rows, (kv.idx, kv.cap))
+        assert own == {rid: kv.own[rid] for rid in own}
+        seen.append(state.log.calls[-1].written)
+
+    engine.run(trace, policies.make(**setting), on_call=check)
+    assert any(seen)  # some calls grew or rebuilt a buffer

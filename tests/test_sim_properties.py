@@ -2,6 +2,7 @@
 from collections import defaultdict
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 import policies
@@ -127,14 +128,19 @@ def test_steady_stretches_write_the_call_by_call_log(trace, setting, cost):
     assert bulk.tokens == one_by_one.tokens
 
 
-def test_a_lone_request_decodes_in_one_stretch(monkeypatch):
+def test_a_lone_request_decodes_in_stretches_cut_where_its_cache_grows(monkeypatch):
     calls = []
     monkeypatch.setattr(EngineState, "apply_steady",
                         lambda self, *a, _f=EngineState.apply_steady: calls.append(len(a[2][0])) or _f(self, *a))
-    cost = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-4, 1e-7))
+    cost = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-4, 1e-7), copy=1e-6)
     log = simulate(Trace([Request("a", 0.0, 16, 500)]), policies.make("fifo"), cost)
-    assert calls == [499] and len(log.calls) == 500
+    # the batch cache is merged at 16 tokens, exactly full: the first step grows it to 272, the
+    # 257th (at 272 tokens) to 528; each stretch starts with the step that grows it
+    assert calls == [256, 243] and len(log.calls) == 500
     assert [c.contexts for c in log.calls[1:3]] == [(17,), (18,)]
+    assert [(i, c.written) for i, c in enumerate(log.calls) if c.written] == [(0, 256), (1, 16 + 272), (257, 528)]
+    grow = log.calls[257]
+    assert grow.end - grow.start == pytest.approx(cost.decode(grow.contexts) + 528 * cost.copy)
 
 
 @given(st.lists(st.lists(st.floats(0, 1e6), max_size=5).map(sorted), max_size=6))

@@ -1,0 +1,79 @@
+"""Every call of a measured run priced by a cost model: where a prediction misses, call by call.
+
+Run-level metrics average misses away; a max gap sits where one join or one unaligned chunk lands.
+So a calibration's engine replay and every confirm report keep predicted/measured per call, summed
+up by call kind and size bucket (median and p90 of the ratio), which says where a miss is.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from sim.costmodel import CostModel
+from sim.log import Call, EventLog
+
+TILE = 16  # a chunk of a multiple of this many rows runs the BLAS's fast kernels (see calibrate/grid.py)
+KINDS = ("prefill", "decode", "single", "join", "leave", "grow")
+
+
+def call_kind(c: Call) -> str:
+    """prefill; decode (a steady batch step); single (a request on its own cache); join or leave
+    (the batch cache rebuilt first); grow (a steady step whose buffer grew: a copy)."""
+    if c.kind == "prefill":
+        return "prefill"
+    if not c.batched:
+        return "single"
+    if c.joined:
+        return "join"
+    if c.left:
+        return "leave"
+    return "grow" if c.written else "decode"
+
+
+def size_bucket(c: Call) -> str:
+    """Prefill: chunk length range and whether it is a multiple of TILE; decode: batch size."""
+    if c.kind != "prefill":
+        return f"batch {c.tokens}"
+    lo = 1
+    for hi in (16, 64, 256, 1024, 1 << 30):
+        if c.tokens < hi:
+            break
+        lo = hi
+    span = f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+"
+    return f"{span} {'aligned' if c.tokens % TILE == 0 else 'unaligned'}"
+
+
+def price_call(cost: CostModel, c: Call) -> float:
+    """Seconds the cost model gives a logged call, from its logged shape alone."""
+    t = cost.copy * c.written
+    if c.kind == "prefill":
+        return t + cost.prefill(c.tokens, c.prefix)
+    t += cost.decode(c.contexts, not c.batched)
+    if c.joined or c.left:
+        t += cost.membership(c.joined, c.left, c.contexts)
+    return t
+
+
+def call_ratios(logs: list[EventLog], cost: CostModel) -> list[tuple[str, str, float]]:
+    """(kind, size bucket, predicted/measured) for every call of every log."""
+    out = []
+    for log in logs:
+        for c in log.calls:
+            if c.end > c.start:
+                out.append((call_kind(c), size_bucket(c), price_call(cost, c) / (c.end - c.start)))
+    return out
+
+
+def residual_table(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:
+    """One row per call kind (and size bucket): calls, median and p90 of predicted/measured, the
+    median |relative error|."""
+    ratios = call_ratios(logs, cost)
+    groups: dict[tuple[str, str], list[float]] = {}
+    for kind, bucket, r in ratios:
+        groups.setdefault((kind, bucket if by_size else "all"), []).append(r)
+    rows = []
+    for (kind, bucket), rs in sorted(groups.items(), key=lambda kv: (KINDS.index(kv[0][0]), kv[0][1])):
+        a = np.asarray(rs)
+        rows.append({"kind": kind, "size": bucket, "calls": len(a), "ratio_median": float(np.median(a)),
+                     "ratio_p90": float(np.quantile(a, 0.9)), "ratio_p10": float(np.quantile(a, 0.1)),
+                     "abs_error_median": float(np.median(np.abs(a - 1)))})
+    return rows
