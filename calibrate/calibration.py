@@ -1,16 +1,19 @@
 """Calibration end to end: build the model, time the grid, fit, write the profile."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from calibrate.cmd_calibrate import default_profile_path, stamp
-from calibrate.fit import fit_profile
+from calibrate.fit import HELD_OUT, fit_profile
 from calibrate.grid import Grid
 from calibrate.host import host_info
 from calibrate.model import build_as_profiled, build_model
 from calibrate.profiler import merge, run_grid
+from calibrate.replay import between_calls_share, run_workloads, samples_from_log, workloads
 from sim.costmodel import load_profile
+from sim.log import EventLog
 from sim.errors import UserError
 from sim.files import atomic_write_json
 
@@ -27,10 +30,14 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     if need > lm.max_context:
         raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
-              "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds"}
+              "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine"}
     partial = out.with_name(out.name + ".partial.jsonl")
     samples = run_grid(lm, grid, partial, header, seed=seed, progress=progress)
+    logs = engine_runs(lm, grid, partial, progress)
+    samples += [s for w, log in logs["train"] for s in samples_from_log(log, f"engine:{w}")]
+    samples += [s for w, log in logs["held_out"] for s in samples_from_log(log, HELD_OUT + w)]
     fitted = fit_profile(samples, seed=seed)
+    fitted["fit"]["replay"]["between_calls_share"] = between_calls_share([log for _, log in logs["held_out"]])
     prof = {
         "pdsim_profile": 1,
         "illustrative": False,
@@ -48,6 +55,26 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     partial.unlink(missing_ok=True)
     prof["_path"] = str(out)
     return prof
+
+
+def engine_runs(lm, grid: Grid, partial: Path, progress: bool = True) -> dict[str, list[tuple[str, EventLog]]]:
+    """The calibration's engine workloads (`calibrate.replay`), each run once; a finished run's log
+    is kept in the partial file, so an interrupted calibration does not run it again."""
+    loads = workloads(max(grid.batches), max(grid.chunks) + max(grid.chunks) // 4, lm.vocab_size)
+    done = {}
+    for line in partial.read_text().splitlines()[1:]:
+        try:
+            row = json.loads(line)
+            done[row["workload"]] = EventLog.from_dict(row["log"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):  # grid lines, or one cut short
+            continue
+    todo = [w for ws in loads.values() for w in ws if w.name not in done]
+    with open(partial, "a") as f:
+        for w, log in zip(todo, run_workloads(lm, todo, progress)):
+            done[w.name] = log
+            f.write(json.dumps({"workload": w.name, "log": log.to_dict()}) + "\n")
+            f.flush()
+    return {part: [(w.name, done[w.name]) for w in ws] for part, ws in loads.items()}
 
 
 def refit(source: Path, out: Path, seed: int = 0, overwrite: bool = False) -> dict:
@@ -78,9 +105,9 @@ def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[s
                         "rounds from two devices do not mix")
     lm = build_as_profiled(prof["model"])
     grid = Grid(**prof["grid"])
-    first = max(len(s["times"]) for s in prof["samples"])
+    first = max(len(s["times"]) for s in prof["samples"] if "times" in s)
     n = rounds or grid.repeats
-    keys = {s["key"] for s in prof["samples"] if not steps or s["step"] in steps}
+    keys = {s["key"] for s in prof["samples"] if "key" in s and (not steps or s["step"] in steps)}
     header = {"add_to": str(source), "created": prof.get("created"), "rounds": [first, first + n],
               "keys": sorted(keys), "seed": seed, "layout": "rounds"}
     partial = out.with_name(out.name + ".partial.jsonl")

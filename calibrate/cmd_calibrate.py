@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--add-rounds", metavar="PROFILE",
                    help="time more rounds (--repeats of them, default the grid's) of an existing calibration's "
                         "points on this device, fit all rounds together, and write the result to -o")
-    p.add_argument("--steps", nargs="+", choices=["prefill", "decode", "join", "leave", "overhead"],
+    p.add_argument("--steps", nargs="+", choices=["prefill", "decode", "overhead"],
                    help="with --add-rounds: time only these steps' points (default all)")
     p.add_argument("--refit", metavar="PROFILE",
                    help="no measuring: fit again the samples of an existing profile (e.g. after the cost "
@@ -95,17 +95,33 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
                   f"form mean {e['cv_form_mean']:.1%} max {e['cv_form_max']:.1%}; grid interpolation mean "
                   f"{e['cv_grid_mean']:.1%} max {e['cv_grid_max']:.1%}; repeat noise {e['repeat_noise']:.1%}")
     c = prof["cost"]
-    d = c["decode"]
+    d, pf = c["decode"], c["prefill"]
     slopes = f"{d['coef'][2] * 1e6:.2f} us per row-token"
     if "knot" in d:
         slopes += f" up to {d['knot']:.0f} tokens, {d['coef'][3] * 1e6:.2f} us beyond"
     if "lone" in d:
-        slopes += f"; a lone request {d['lone'] * 1e6:.2f} us per token"
+        slopes += f"; a single decode {d['lone'] * 1e6:.2f} us per token"
     print(f"  decode attention: {slopes}")
-    per = lambda abc: f"{abc[0] * 1e3:.1f} ms + {abc[1] * 1e3:.1f} ms/row + {abc[2] * 1e6:.1f} us/row-token"
-    print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms; batch join {per(c['join'])}; "
-          f"leave {per(c['leave'])}; the profile uses: {c['use']}")
+    if pf.get("tile"):
+        r0, r1 = pf["remainder"]
+        print(f"  prefill: rows beyond a multiple of {pf['tile']} cost {r0 * 1e3:.1f} ms + {r1 * 1e3:.2f} ms per row")
+    per = lambda abc: f"{abc[0] * 1e3:.1f} ms" + (f" + {abc[1] * 1e3:.1f} ms/row + {abc[2] * 1e6:.1f} us/row-token"
+                                                  if abc[1] or abc[2] else "")
+    print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms; KV buffer written {c.get('copy', 0) * 1e6:.1f} us "
+          f"per token-row; batch join {per(c['join'])}; leave {per(c['leave'])}; the profile uses: {c['use']}")
+    if "replay" in prof["fit"]:
+        report_replay(prof["fit"]["replay"])
     print(f"wrote {prof['_path']}")
+
+
+def report_replay(r: dict) -> None:
+    """The held-out engine runs' calls, priced by the fitted model: predicted/measured by kind."""
+    between = f"between calls {r['between_calls_share']:.2%} of the time, " if "between_calls_share" in r else ""
+    print(f"  engine replay, held out ({r['calls']} calls; {between}KV copies {r['copy_share']:.1%}): "
+          "predicted/measured by call kind")
+    for row in r["by_kind"]:
+        print(f"    {row['kind']:8s} {row['calls']:4d} calls  median {row['ratio_median']:.3f}  "
+              f"p10..p90 {row['ratio_p10']:.3f}..{row['ratio_p90']:.3f}  median |error| {row['abs_error_median']:.1%}")
 
 
 def stamp() -> str:

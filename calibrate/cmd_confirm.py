@@ -61,6 +61,11 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
         print(f"\n{res['label']}  ({report['protocol']['repeats']} runs)")
         print(table(rows, ["metric", "predicted", "measured", "range", "error"],
                     ["metric", "predicted", "measured (median)", "min..max", "rel. error"]))
+        if res.get("calls_by_kind"):  # reports written before the per-call table have none
+            print(table([dict(c, range=f"{fmt(c['ratio_p10'])}..{fmt(c['ratio_p90'])}")
+                         for c in res["calls_by_kind"]],
+                        ["kind", "calls", "ratio_median", "range", "abs_error_median"],
+                        ["call kind", "calls", "pred/meas (median)", "p10..p90", "median |err|"]))
     print(f"\nwrote {out}" + (f" ({report['wall_s']:.0f} s)" if "rescored_from" not in report else
                               f" (rescored {report['rescored_from']} with {report['profile']['path']})"))
     if tolerance and worst > tolerance:

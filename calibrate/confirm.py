@@ -24,11 +24,12 @@ from calibrate.executor import prompt_tokens
 from calibrate.worker import warmup_trace
 from sim.errors import UserError
 from sim.commands.common import setting_label
-from sim.costmodel import check_profile_matches, cost_model
+from sim.costmodel import CostModel, check_profile_matches, cost_model
 from sim.files import atomic_write_json
 from sim.log import EventLog
 from sim.metrics import score
 from sim.replay import simulate
+from sim.residuals import residual_table
 from traces.trace import Trace
 
 COMPARED = ["decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "p99_itl_ms",
@@ -101,15 +102,17 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
 
 
 def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], stall_ms: float = 100.0) -> list[dict]:
-    """Predicted (simulator) against measured (median, min, max over repeats), per setting and metric."""
+    """Predicted (simulator) against measured (median, min, max over repeats), per setting and metric;
+    and per call kind (and size bucket), predicted/measured over the setting's runs."""
     cost = cost_model(prof)
     results = []
     for s in settings:
         label = setting_label(s)
         predicted = score(simulate(trace, policies.make(**s), cost), stall_ms=stall_ms)
         mine = [r for r in runs if r["label"] == label]
-        for r in mine:
-            r["metrics"] = score(EventLog.from_dict(r["log"]), stall_ms=stall_ms)
+        logs = [EventLog.from_dict(r["log"]) for r in mine]
+        for r, log in zip(mine, logs):
+            r["metrics"] = score(log, stall_ms=stall_ms)
         measured, errors = {}, {}
         for k in COMPARED:
             vals = [r["metrics"].get(k, math.nan) for r in mine]
@@ -120,8 +123,16 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
             measured[k] = {"median": med, "min": min(vals), "max": max(vals)}
             errors[k] = relative_error(predicted[k], med)
         results.append({"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
-                        "measured": measured, "rel_error": errors})
+                        "measured": measured, "rel_error": errors,
+                        "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False)})
     return results
+
+
+def call_rows(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:
+    """`residual_table` of the measured runs: a miss in a run metric, located call by call. A
+    non-finite number becomes null, so the report stays strict JSON."""
+    return [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+            for row in residual_table(logs, cost, by_size)]
 
 
 def relative_error(predicted: float, measured: float) -> float:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import lsq_linear
 
+from sim.residuals import summarize
 from sim.costmodel import DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel
 
 TARGET = 0.05
@@ -143,10 +144,11 @@ def pick_tile(samples: list[dict], copy: float = 0.0) -> int:
 
 
 def _grid_points(step: str, samples: list[dict]) -> np.ndarray:
-    """(size, prefix or longest context, seconds) of the plain calls: no copies, joins, singles."""
-    plain = [s for s in samples if not (s.get("written") or s.get("joined") or s.get("left") or _single(s))]
+    """(size, prefix or longest context, seconds) of the plain calls: the grid's prefills, and
+    decodes without copies, joins or singles."""
     if step == "prefill":
-        return np.array([[s["chunk"], s["prefix"], s["seconds"]] for s in plain], float)
+        return np.array([[s["chunk"], s["prefix"], s["seconds"]] for s in samples if "source" not in s], float)
+    plain = [s for s in samples if not (s.get("written") or s.get("joined") or s.get("left") or _single(s))]
     return np.array([[s["batch"], _context_max(s), s["seconds"]] for s in plain], float)
 
 
@@ -177,8 +179,14 @@ def _context_max(s: dict) -> float:
     return s["context_max"] if "context_max" in s else s["context_sum"] / s["batch"]
 
 
+HELD_OUT = "held-out:"  # the source of engine-run calls that are never fitted, only priced
+
+
 def fit_profile(samples: list[dict], seed: int = 0) -> dict:
-    """The profile's `cost` and `fit` sections; marks held-out samples and fills in `fitted`."""
+    """The profile's `cost` and `fit` sections; marks held-out samples and fills in `fitted`.
+    Calls of held-out engine runs are not fitted: `fit.replay` prices them, by call kind."""
+    held_runs = [s for s in samples if s.get("source", "").startswith(HELD_OUT)]
+    samples = [s for s in samples if not s.get("source", "").startswith(HELD_OUT)]
     by_step = {st: [s for s in samples if s["step"] == st] for st in ("decode", "prefill")}
     forms, errors, copy, tile = {}, {}, 0.0, None
     for step, pts in by_step.items():  # decode first: a prefill takes its KV copy cost as known
@@ -224,7 +232,21 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     for step, pts in by_step.items():
         for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
             p["fitted"] = float(f)
-    return {"cost": cost, "fit": {"errors": errors, "target": TARGET, "uses": use}}
+    fit = {"errors": errors, "target": TARGET, "uses": use}
+    if held_runs:
+        fit["replay"] = replay_errors(held_runs, forms)
+    return {"cost": cost, "fit": fit}
+
+
+def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:
+    """Calls of engine runs the fit has not seen, priced: predicted/measured by kind and size."""
+    ratios = []
+    for s in calls:
+        pred = _predict(forms[s["step"]].model(), s["step"], [s])[0]
+        ratios.append((s["call"], s["bucket"], float(pred / s["seconds"])))
+    copy = forms["decode"].copy * sum(s.get("written", 0) for s in calls)
+    return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
+            "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0)}
 
 
 def _folds(sizes: list[int], rng: random.Random) -> list[set[int]]:

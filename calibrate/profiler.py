@@ -1,7 +1,8 @@
 """Time the engine's own step functions over a grid, in shuffled rounds; resumable, with progress.
 
-Every timed call is a step function the real executor runs (`prefill_chunk`, `DecodeBatch.sync`
-and `.step`, `decode_one`), on caches shaped as the executor's would be. Cache states are sliced
+Every timed call is a step function the real executor runs (`prefill_chunk`, `DecodeBatch.step`,
+`decode_one`), on caches shaped as the executor's would be; joins, leaves and buffer growth are
+timed in short runs of the executor itself (`calibrate.replay`). Cache states are sliced
 from one long prefilled "master" cache, so a point at offset 2,048 does not pay a 2,048-token
 prefill of its own. Finished timings are appended to a partial file, so an interrupted run resumes.
 """
@@ -22,6 +23,7 @@ from calibrate.executor import RealEngine
 from calibrate.grid import Grid
 from calibrate.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
 from calibrate.model import LoadedModel
+from sim.kvcache import write
 from sim.errors import UserError
 from traces.generators import tinyllm
 
@@ -119,11 +121,13 @@ class Profiler:
         return dict(point, seconds=seconds, **extra)
 
     def _prefill(self, p: dict, untimed: int):
+        """A chunk at offset 0 starts a fresh cache, as a prompt's first chunk does in the engine."""
         chunk = self.ids[:p["chunk"]]
         for _ in range(untimed + 1):
-            cache = sliced(self.master, p["prefix"])
+            cache = sliced(self.master, p["prefix"]) if p["prefix"] else new_cache(self.lm)
+            cap = cache[0].keys.shape[2] if cache[0].keys is not None else 0
             dt = _timed(lambda: prefill_chunk(self.lm, cache, chunk))
-        return dt, {"batch": 1}
+        return dt, {"batch": 1, "written": write(cap, p["prefix"], p["chunk"])[1]}
 
     def _decode(self, p: dict, untimed: int):
         """A steady decode step, on a batch cache with room to grow (`batch_cache`)."""
@@ -137,31 +141,8 @@ class Profiler:
         for _ in range(untimed + 1):
             dt = _timed(step)
         grown = untimed + 1  # the timed step wrote token ctx + grown: its context, as the simulator counts it
-        return dt, {"batch": len(ctx), "context_sum": sum(c + grown for c in ctx), "context_max": max(ctx) + grown}
-
-    def _join(self, p: dict, untimed: int):
-        return self._membership(p, untimed, join=True)
-
-    def _leave(self, p: dict, untimed: int):
-        return self._membership(p, untimed, join=False)
-
-    def _membership(self, p: dict, untimed: int, join: bool):
-        """The extra time of a decode call in which a request joins (merge/extend) or leaves (filter).
-
-        Timed as sync + the first step after it, minus a steady step of the new batch: the first
-        step on freshly copied buffers is slower too, and the real engine pays both.
-        """
-        ctx = p["contexts"]
-        ids = [str(i) for i in range(len(ctx))]
-        before, after = (ids[:-1], ids) if join else (ids, ids[:-1])
-        for _ in range(untimed + 1):
-            batch = DecodeBatch(self.lm, before, batch_cache(self.master, ctx[:len(before)]))
-            # a joining request brings its own cache; a finished one leaves with nothing to write back
-            caches = {ids[-1]: sliced(self.master, ctx[-1])} if join else {}
-            changed = _timed(lambda: (batch.sync(after, caches), batch.step([1] * len(after))))
-            steady = _timed(lambda: batch.step([1] * len(after)))
-        rows = ctx[:len(after)]
-        return max(0.0, changed - steady), {"batch": len(rows), "context_sum": sum(rows), "context_max": max(rows)}
+        return dt, {"batch": len(ctx), "context_sum": sum(c + grown for c in ctx), "context_max": max(ctx) + grown,
+                    "single": not p.get("batched", True), "written": 0}  # both caches have room to grow
 
     def _overhead(self, p: dict, untimed: int):
         """Host work per iteration: time between engine calls on a short real run, over iterations."""
@@ -243,4 +224,4 @@ def merge(old: list[dict], more: list[dict]) -> list[dict]:
     """`old` samples with the rounds of `more` (same keys) added to them."""
     extra = {s["key"]: s for s in more}
     rounds = lambda s: [dict(s, seconds=t) for t in s["times"]]
-    return [combine(rounds(s) + rounds(extra[s["key"]])) if s["key"] in extra else s for s in old]
+    return [combine(rounds(s) + rounds(extra[s["key"]])) if s.get("key") in extra else s for s in old]

@@ -28,9 +28,11 @@ import numpy as np
 
 from sim.files import read_json_object
 
-PREFILL_FORM = "dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve"
+PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
+                "plus r0 + r1*(L mod tile) when L is not a multiple of the tile; plus copy*written")
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
-               "one request alone: dense(1) + lone*context; dense(batch) = a + b*batch or the measured curve")
+               "a single decode (own cache): dense(1) + lone*context; dense(batch) = a + b*batch or the measured "
+               "curve; plus copy*written, and join (leave) when requests join (leave) the batch cache")
 BUILTIN = Path(__file__).parent / "data" / "illustrative-m4pro-qwen3-0.6b.json"
 
 
@@ -171,9 +173,8 @@ class GridCostModel:
     _decode_rows: dict = field(default_factory=dict, repr=False)  # batch -> seconds by longest context
 
     def __post_init__(self) -> None:
-        from scipy.interpolate import LinearNDInterpolator
-        self._pf = LinearNDInterpolator(self.prefill_points[:, :2], self.prefill_points[:, 2])
-        self._dc = LinearNDInterpolator(self.decode_points[:, :2], self.decode_points[:, 2])
+        self._pf = _interpolator(self.prefill_points)
+        self._dc = _interpolator(self.decode_points)
 
     def prefill(self, chunk: int, prefix: int) -> float:
         key = (chunk, prefix)
@@ -221,6 +222,16 @@ class GridCostModel:
         return self.linear.membership(joined, left, contexts)
 
 
+def _interpolator(points: np.ndarray):
+    """Linear interpolation over (size, context) points; nowhere (NaN) when they span no area."""
+    from scipy.interpolate import LinearNDInterpolator
+    from scipy.spatial import QhullError
+    try:
+        return LinearNDInterpolator(points[:, :2], points[:, 2])
+    except (QhullError, ValueError, IndexError):
+        return lambda *xy: np.full(np.broadcast(*xy).shape, np.nan)
+
+
 REQUIRED = ("model", "device", "cost")
 
 
@@ -249,6 +260,13 @@ def load_profile(path: str | Path) -> dict:
     lone = cost["decode"].get("lone")
     if lone is not None and not (_is_number(lone) and lone >= 0):
         raise ProfileError(f"profile {path}: 'cost.decode.lone' must be a non-negative number")
+    if not (_is_number(cost.get("copy", 0.0)) and cost.get("copy", 0.0) >= 0):
+        raise ProfileError(f"profile {path}: 'cost.copy' must be a non-negative number (seconds per token-row)")
+    tile, rem = cost["prefill"].get("tile", 0), cost["prefill"].get("remainder", [0.0, 0.0])
+    if not (isinstance(tile, int) and not isinstance(tile, bool) and tile >= 0 and isinstance(rem, list)
+            and len(rem) == 2 and all(_is_number(x) and x >= 0 for x in rem)):
+        raise ProfileError(f"profile {path}: 'cost.prefill.tile' must be a whole number >= 0 and "
+                           "'cost.prefill.remainder' two non-negative numbers")
     if "name" not in prof["model"]:
         raise ProfileError(f"profile {path}: missing required field 'model.name'")
     prof["_path"] = str(path)

@@ -29,17 +29,17 @@ def call_kind(c: Call) -> str:
     return "grow" if c.written else "decode"
 
 
-def size_bucket(c: Call) -> str:
+def size_bucket(kind: str, tokens: int) -> str:
     """Prefill: chunk length range and whether it is a multiple of TILE; decode: batch size."""
-    if c.kind != "prefill":
-        return f"batch {c.tokens}"
+    if kind != "prefill":
+        return f"batch {tokens}"
     lo = 1
     for hi in (16, 64, 256, 1024, 1 << 30):
-        if c.tokens < hi:
+        if tokens < hi:
             break
         lo = hi
     span = f"{lo}-{hi - 1}" if hi < 1 << 30 else f"{lo}+"
-    return f"{span} {'aligned' if c.tokens % TILE == 0 else 'unaligned'}"
+    return f"{span} {'aligned' if tokens % TILE == 0 else 'unaligned'}"
 
 
 def price_call(cost: CostModel, c: Call) -> float:
@@ -59,14 +59,18 @@ def call_ratios(logs: list[EventLog], cost: CostModel) -> list[tuple[str, str, f
     for log in logs:
         for c in log.calls:
             if c.end > c.start:
-                out.append((call_kind(c), size_bucket(c), price_call(cost, c) / (c.end - c.start)))
+                out.append((call_kind(c), size_bucket(c.kind, c.tokens), price_call(cost, c) / (c.end - c.start)))
     return out
 
 
 def residual_table(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:
     """One row per call kind (and size bucket): calls, median and p90 of predicted/measured, the
     median |relative error|."""
-    ratios = call_ratios(logs, cost)
+    return summarize(call_ratios(logs, cost), by_size)
+
+
+def summarize(ratios: list[tuple[str, str, float]], by_size: bool = True) -> list[dict]:
+    """(kind, bucket, predicted/measured) triples as table rows, by kind (and bucket)."""
     groups: dict[tuple[str, str], list[float]] = {}
     for kind, bucket, r in ratios:
         groups.setdefault((kind, bucket if by_size else "all"), []).append(r)

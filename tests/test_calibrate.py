@@ -36,9 +36,21 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     for key in ("kind", "cpu", "os", "mlx", "mlx_lm", "blas", "id"):
         assert key in prof["device"]
     steps = {s["step"] for s in prof["samples"]}
-    assert steps == {"prefill", "decode", "join", "leave", "overhead"}
-    assert len(prof["samples"]) == len(TINY.points())
-    assert all(len(s["times"]) == rounds(s) for s in prof["samples"])
+    assert steps == {"prefill", "decode", "overhead"}
+    grid = [s for s in prof["samples"] if "source" not in s]
+    assert len(grid) == len(TINY.points())
+    assert all(len(s["times"]) == rounds(s) for s in grid)
+    assert any(s["chunk"] % 4 for s in grid if s["step"] == "prefill")  # unaligned chunks are timed
+    # the executor's own calls: joins and leaves at every batch size of the grid, KV buffers written
+    engine = [s for s in prof["samples"] if s.get("source", "").startswith("engine:")]
+    assert {s["batch"] for s in engine if s.get("joined")} == set(TINY.batches)
+    assert {s["batch"] for s in engine if s.get("left")} >= {1, 2, 3}
+    assert any(s["written"] for s in engine if s["step"] == "prefill")
+    replay = prof["fit"]["replay"]  # held-out engine runs, each call priced
+    assert {r["kind"] for r in replay["by_kind"]} >= {"prefill", "decode", "join"}
+    assert sum(r["calls"] for r in replay["by_kind"]) == replay["calls"] > 0
+    assert all(r["ratio_p10"] <= r["ratio_median"] <= r["ratio_p90"] for r in replay["by_kind"])
+    assert 0 <= replay["between_calls_share"] < 0.5 and "engine replay, held out" in stdout
     assert any(s.get("held_out") for s in prof["samples"] if s["step"] == "prefill")
     for step in ("prefill", "decode"):
         e = prof["fit"]["errors"][step]
@@ -121,8 +133,11 @@ def test_more_rounds_join_the_earlier_ones(tmp_path):
     before = src.read_text()
     prof = add_rounds(src, out, rounds=2, steps=["decode"], progress=False)
     assert src.read_text() == before and load_profile(out)["samples"] == prof["samples"]
-    old = {s["key"]: s for s in json.loads(before)["samples"]}
-    for s in prof["samples"]:
+    old = {s["key"]: s for s in json.loads(before)["samples"] if "key" in s}
+    shape = lambda s: {k: v for k, v in s.items() if k not in ("fitted", "held_out")}
+    engine = [shape(s) for s in json.loads(before)["samples"] if "key" not in s]
+    assert engine and [shape(s) for s in prof["samples"] if "key" not in s] == engine  # engine calls kept
+    for s in (s for s in prof["samples"] if "key" in s):
         o = old[s["key"]]
         if s["step"] == "decode":
             assert len(s["times"]) == TINY.repeats + 2 and s["times"][:TINY.repeats] == o["times"]

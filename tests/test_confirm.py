@@ -1,5 +1,6 @@
 """`pdsim confirm` end to end on qwen3-tiny: the gate, the protocol, the report, the arithmetic."""
 import json
+import math
 import subprocess
 import sys
 
@@ -7,6 +8,9 @@ import pytest
 
 from calibrate.calibration import calibrate
 from calibrate.grid import TINY
+from sim.costmodel import cost_model, load_profile
+from sim.log import EventLog
+from sim.residuals import residual_table
 
 
 def pdsim(*args):
@@ -47,6 +51,21 @@ def test_confirm_end_to_end(profile, tmp_path):
             assert m["min"] == vals[0] and m["max"] == vals[-1]
             assert m["median"] == pytest.approx(sum(vals) / 2)
             assert res["rel_error"][k] == pytest.approx((res["predicted"][k] - m["median"]) / m["median"])
+        # every call of the setting's runs, priced by the profile: where a run metric's miss comes from
+        logs = [EventLog.from_dict(r["log"]) for r in runs]
+        cost = cost_model(load_profile(profile))
+        assert res["calls"] == residual_table(logs, cost)
+        assert res["calls_by_kind"] == residual_table(logs, cost, by_size=False)
+        assert {"prefill", "decode"} <= {c["kind"] for c in res["calls"]}
+        assert sum(c["calls"] for c in res["calls"]) == sum(c["calls"] for c in res["calls_by_kind"]) \
+            == sum(c.end > c.start for log in logs for c in log.calls)
+        for c in res["calls"] + res["calls_by_kind"]:
+            assert all(math.isfinite(c[k]) and c[k] > 0 for k in ("ratio_p10", "ratio_median", "ratio_p90"))
+            assert c["ratio_p10"] <= c["ratio_median"] <= c["ratio_p90"]
+        json.dumps([res["calls"], res["calls_by_kind"]], allow_nan=False)  # strict JSON
+    assert "pred/meas (median)" in stdout  # and each setting's by-kind table, a row per kind
+    for kind in ("prefill", "decode"):
+        assert sum(line.startswith(f"{kind} ") for line in stdout.splitlines()) == len(rep["results"])
     # rescoring the same runs with the same profile reproduces the predictions, measuring nothing
     again = tmp_path / "rescored.json"
     code, stdout, err = pdsim("confirm", "--profile", str(profile), "--rescore", str(out), "-o", str(again))
@@ -54,6 +73,7 @@ def test_confirm_end_to_end(profile, tmp_path):
     new = json.loads(again.read_text())
     assert new["rescored_from"] == str(out) and new["runs"] == rep["runs"]
     assert [r["predicted"] for r in new["results"]] == [r["predicted"] for r in rep["results"]]
+    assert [r["calls"] for r in new["results"]] == [r["calls"] for r in rep["results"]]
     # the report is never overwritten
     code, _, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--budget", "8", "--repeats", "1",
                          "-o", str(out))
@@ -85,5 +105,7 @@ def test_tune_runs_the_whole_loop(profile, tmp_path):
     report = json.loads((out / "confirm.json").read_text())
     assert report["results"][0]["label"] == best and report["gate"]["ok"]
     assert (out / "report" / "report.html").stat().st_size > 10_000
+    assert report["results"][0]["calls"]
+    assert "Per-call predicted/measured" in (out / "report" / "report.html").read_text()
     code, _, err = pdsim("tune", "--model", "qwen3-99b", "-o", str(tmp_path / "t2"))
     assert code == 2 and "unknown model" in err and not (tmp_path / "t2").exists()

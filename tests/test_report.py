@@ -13,9 +13,11 @@ import policies
 from sim.cli import main
 from sim.commands.common import setting_label
 from sim.costmodel import BUILTIN, cost_model, load_profile
+from sim.log import EventLog
 from sim.metrics import score
 from sim.replay import simulate
-from sim.report import (calibration_frame, confirm_frame, ecdf_frame, LogSeries, timeline_frame)
+from sim.report import (calibration_frame, call_frame, confirm_frame, ecdf_frame, LogSeries, timeline_frame)
+from sim.residuals import residual_table
 from traces.generators import poisson, tinyllm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -54,12 +56,13 @@ def inputs(tmp_path_factory):
         log = simulate(trace, policies.make(**s), cost)
         m = {k: v for k, v in score(log).items() if isinstance(v, float) and math.isfinite(v)}
         label = setting_label(s)
+        measured_log = _stretch(log.to_dict(), 1.1)
         results.append({"label": label, "setting": s, "predicted": m,
                         "measured": {k: {"median": v * 1.1, "min": v * 1.05, "max": v * 1.2} for k, v in m.items()},
-                        "rel_error": {k: -0.1 / 1.1 for k in m}})
+                        "rel_error": {k: -0.1 / 1.1 for k in m},
+                        "calls": residual_table([EventLog.from_dict(measured_log)] * 2, cost)})
         for rep in range(2):
-            runs.append({"label": label, "repeat": rep, "setting": s, "metrics": m,
-                         "log": _stretch(log.to_dict(), 1.1)})
+            runs.append({"label": label, "repeat": rep, "setting": s, "metrics": m, "log": measured_log})
     confirm = {"trace": {"meta": trace.meta, "sha256": trace.sha256(), "requests": len(trace)},
                "settings": settings, "results": results, "runs": runs}
     (tmp / "confirm.json").write_text(json.dumps(confirm))
@@ -182,6 +185,34 @@ def test_frames_read_the_documented_formats(inputs):
     kf = calibration_frame(json.loads((inputs / "profile.json").read_text()))
     assert len(kf) == 9 and set(kf["held_out"]) == {"fit", "held out"}
     assert (kf["rel_error"].abs() < 0.12).all()
+
+
+def test_per_call_table_only_for_reports_that_have_it(inputs, tmp_path):
+    """Every call of the stand-in runs takes 1.1x its price, so each row says 1/1.1; a report
+    written before confirm kept per-call rows still renders, without the section."""
+    confirm = json.loads((inputs / "confirm.json").read_text())
+    calls = call_frame(confirm)
+    assert set(calls["setting"]) == {"chunked/b32/bs4", "chunked/b128/bs4"}
+    assert {"prefill", "decode"} <= set(calls["kind"])
+    for col in ("median", "p10", "p90"):
+        assert np.allclose(calls[col], 1 / 1.1)
+    out = tmp_path / "with"
+    assert main(["report", "--confirm", str(inputs / "confirm.json"), "-o", str(out), "--no-png"]) == 0
+    page = (out / "report.html").read_text()
+    assert '<section id="confirm_calls"><h2>Per-call predicted/measured</h2>' in page
+    section = page[page.index('<section id="confirm_calls">'):]
+    section = section[:section.index("</section>")]
+    assert section.count("<tr>") == len(calls) + 1  # a header, then one row per (setting, kind, size)
+    assert "confirm_calls" not in json.loads((out / "report.json").read_text())["skipped"]
+
+    for r in confirm["results"]:
+        del r["calls"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(confirm))
+    out = tmp_path / "without"
+    assert main(["report", "--confirm", str(old), "-o", str(out), "--no-png"]) == 0
+    page = (out / "report.html").read_text()
+    assert "Per-call predicted/measured" not in page and 'id="chart-confirm"' in page
 
 
 # Runs the page's own scripts in Node: vega-embed from the inline bundle builds each chart into a

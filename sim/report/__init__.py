@@ -15,6 +15,7 @@ from sim.report.charts import (
 )
 from sim.report.frames import (
                                calibration_frame,
+                               call_frame,
                                confirm_frame,
                                ecdf_frame,
                                gap_percentile_frame,
@@ -33,6 +34,6 @@ from sim.report.inputs import (
 from sim.report.page import Section, build_sections, make_report, write_report
 
 __all__ = ["LogSeries", "ReportError", "Section", "Sweep", "build_sections", "calibration_chart", "calibration_frame",
-           "confirm_chart", "confirm_error_chart", "confirm_frame", "ecdf_chart", "ecdf_frame", "gap_percentile_chart",
-           "gap_percentile_frame", "load_confirm", "load_simulate", "load_sweep", "make_report", "pick_marks",
-           "timeline_chart", "timeline_frame", "tradeoff_chart", "tradeoff_frame", "write_report"]
+           "call_frame", "confirm_chart", "confirm_error_chart", "confirm_frame", "ecdf_chart", "ecdf_frame",
+           "gap_percentile_chart", "gap_percentile_frame", "load_confirm", "load_simulate", "load_sweep", "make_report",
+           "pick_marks", "timeline_chart", "timeline_frame", "tradeoff_chart", "tradeoff_frame", "write_report"]

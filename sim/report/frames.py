@@ -163,6 +163,15 @@ def confirm_frame(doc: dict, metrics: list[str] | None = None) -> pd.DataFrame:
     return df[np.isfinite(df["predicted"]) & np.isfinite(df["measured"])]
 
 
+def call_frame(doc: dict) -> pd.DataFrame:
+    """Predicted/measured per call kind and size bucket of every confirmed setting; empty for a report
+    written before confirm kept them."""
+    rows = [{"setting": r["label"], "kind": c["kind"], "size": c["size"], "calls": c["calls"],
+             "median": c["ratio_median"], "p10": c["ratio_p10"], "p90": c["ratio_p90"]}
+            for r in doc["results"] for c in r.get("calls") or []]
+    return pd.DataFrame(rows, columns=["setting", "kind", "size", "calls", "median", "p10", "p90"])
+
+
 def calibration_frame(profile: dict) -> pd.DataFrame:
     """Each timed step: measured median, fitted, relative error, and its shape."""
     samples = profile.get("samples") or []

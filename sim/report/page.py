@@ -26,6 +26,7 @@ from sim.report.charts import (
 )
 from sim.report.frames import (
     calibration_frame,
+    call_frame,
     confirm_frame,
     ecdf_frame,
     gap_percentile_frame,
@@ -139,6 +140,14 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
         if len(cf) and cf["rel_error"].notna().any():
             secs.append(Section("confirm_error", "Prediction error", "Relative error of each prediction.",
                                 confirm_error_chart(cf)))
+        calls = call_frame(confirm)
+        if len(calls):
+            secs.append(Section("confirm_calls", "Per-call predicted/measured",
+                                "Every call of the measured runs priced by the cost model from its logged "
+                                "shape: predicted/measured by call kind and size bucket (median, p10 and p90 "
+                                "over the calls of all the setting's repeats), so a miss in a run metric shows "
+                                "the calls it comes from.",
+                                table=_html_table(calls.to_dict("records"), list(calls.columns))))
         summary["confirm"] = {"settings": sorted(set(cf["label"])) if len(cf) else [],
                               "median_abs_rel_error": float(cf["rel_error"].abs().median()) if len(cf) else None}
     else:
@@ -169,6 +178,8 @@ def _html_table(rows: list[dict], cols: list[str]) -> str:
         return ""
 
     def cell(v):
+        if v is None:
+            return "-"
         if isinstance(v, float):
             return "-" if not np.isfinite(v) else f"{v:.4g}"
         return html.escape(str(v))
@@ -198,7 +209,7 @@ def page(sections: list[Section], inputs: dict) -> str:
                           "{mode: 'vega-lite', actions: {export: true, source: false, compiled: false, "
                           "editor: false}}).catch(e => { document.getElementById('chart-" + s.name +
                           "').textContent = 'chart failed: ' + e; });")
-        else:
+        elif s.note:
             parts.append(f'<p class="note">{html.escape(s.note)}</p>')
         parts.append(s.table + "</section>")
     listed = "".join(f"<li>{html.escape(k)}: {html.escape(str(v))}</li>" for k, v in inputs.items() if v)
@@ -264,7 +275,7 @@ def write_report(out_dir: str | Path, sections: list[Section], inputs: dict, sum
             charts[s.name]["png"] = f"{s.name}.png"
     atomic_write_text(out / "report.html", page(sections, inputs), overwrite=overwrite)
     doc = {"pdsim_report": 1, "inputs": inputs, "charts": charts,
-           "skipped": {s.name: s.note for s in sections if s.chart is None}, "summary": summary}
+           "skipped": {s.name: s.note for s in sections if s.chart is None and s.note}, "summary": summary}
     atomic_write_json(out / "report.json", doc, overwrite=overwrite)
     return doc
 

@@ -1,0 +1,95 @@
+"""Short runs of the real executor: calls timed exactly as the engine makes them.
+
+A grid times one step at a time on prepared caches. What it cannot prepare is the engine's own
+history: a request joining a batch whose buffer kept 256 tokens of spare room, a leave that
+gathers every row, a buffer that grows mid-run, a chunk remainder of 37 tokens. So a calibration
+also serves a few small mixed workloads through `RealEngine`: the `train` ones add their calls to
+the fit (joins and leaves at every batch size in range), and a `held_out` one, never fitted,
+says per call kind how well the fitted model prices the calls a real run makes.
+"""
+from __future__ import annotations
+
+import random
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+import policies
+from calibrate.executor import RealEngine
+from calibrate.model import LoadedModel
+from sim.log import Call, EventLog
+from sim.residuals import call_kind, size_bucket
+from traces.generators import fixed, poisson, tinyllm
+from traces.trace import Trace
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One engine run: a trace and the setting it is served under."""
+    name: str
+    trace: Trace
+    setting: dict
+
+
+def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) -> dict[str, list[Workload]]:
+    """`train`: all at t=0, eager at the largest batch (every request joins a batch one larger,
+    then they leave one at a time: request i owes n + 2 + 2i tokens), and chunked with an unaligned
+    budget over spread arrivals; `held_out`: other seeds, chunked and eager at half the batch."""
+    def staggered(n, seed):
+        rng = random.Random(seed)
+        return fixed([0.0] * n, [rng.randint(9, max_prompt) for _ in range(n)], [n + 2 + 2 * i for i in range(n)],
+                     seed, vocab)
+
+    def t0(n, seed):
+        return tinyllm(num_seqs=n, min_in=9, max_in=max_prompt, min_out=2, max_out=outputs, seed=seed, vocab=vocab)
+
+    def spread(n, seed, rate):
+        return poisson(num_requests=n, rate=rate, min_in=9, max_in=max_prompt, min_out=2, max_out=outputs, seed=seed)
+    half = max(2, max_batch // 2)
+    return {
+        "train": [Workload("eager-staggered", staggered(max_batch, 11), {"policy": "eager", "batch_size": max_batch}),
+                  Workload("chunked-spread", spread(max_batch, 12, 2.0),
+                           {"policy": "chunked", "budget": 48, "batch_size": max_batch})],
+        "held_out": [Workload("chunked-held-out", spread(half + 2, 21, 1.5),
+                              {"policy": "chunked", "budget": 40, "batch_size": half}),
+                     Workload("eager-held-out", t0(half + 2, 22), {"policy": "eager", "batch_size": half})],
+    }
+
+
+def run_workloads(lm: LoadedModel, loads: list[Workload], progress: bool = True) -> list[EventLog]:
+    """Serve each workload once after an untimed warm-up; the logs of the timed runs."""
+    engine, logs = RealEngine(lm), []
+    for w in tqdm(loads, desc="engine runs", unit="run", disable=not progress):
+        warm = Trace(w.trace.requests[:2], {"source": "warmup"})
+        engine.run(warm, policies.make(**w.setting))
+        logs.append(engine.run(w.trace, policies.make(**w.setting)).log)
+    return logs
+
+
+def samples_from_log(log: EventLog, source: str) -> list[dict]:
+    """Every call of a measured run as a calibration sample (the fit's shape fields and seconds)."""
+    return [call_sample(c, source) for c in log.calls]
+
+
+def call_sample(c: Call, source: str) -> dict:
+    """One call: the shape fields the fit reads (`calibrate.fit`), its kind and its seconds."""
+    s = {"source": source, "call": call_kind(c), "bucket": size_bucket(c.kind, c.tokens), "seconds": c.end - c.start,
+         "written": c.written}
+    if c.kind == "prefill":
+        return dict(s, step="prefill", chunk=c.tokens, prefix=c.prefix, batch=1)
+    return dict(s, step="decode", batch=c.tokens, contexts=list(c.contexts), context_max=max(c.contexts),
+                single=not c.batched, joined=c.joined, left=c.left)
+
+
+def between_calls_share(logs: list[EventLog]) -> float:
+    """The share of a run's busy time spent between calls (host work the cost model prices as
+    `iteration`), idle waits for arrivals excluded."""
+    between = inside = 0.0
+    for log in logs:
+        calls, arrivals = log.calls, sorted(r.arrival for r in log.requests.values())
+        inside += sum(c.end - c.start for c in calls)
+        for a, b in zip(calls, calls[1:]):  # a gap with an arrival in it was a wait for that arrival
+            if bisect_right(arrivals, b.start) == bisect_right(arrivals, a.end):
+                between += b.start - a.end
+    return between / (between + inside) if inside else 0.0
