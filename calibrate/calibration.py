@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -9,13 +10,13 @@ from calibrate.cmd_calibrate import default_profile_path, stamp
 from calibrate.fit import HELD_OUT, fit_profile
 from calibrate.grid import Grid
 from calibrate.host import host_info
-from calibrate.model import build_as_profiled, build_model
+from calibrate.model import LoadedModel, build_as_profiled, build_model
 from calibrate.profiler import merge, run_grid
 from calibrate.replay import between_calls_share, run_workloads, samples_from_log, workloads
 from sim.costmodel import load_profile
 from sim.log import EventLog
 from sim.errors import UserError
-from sim.files import atomic_write_json
+from sim.files import atomic_write_json, read_json_object
 
 
 def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", quant_bits: int | None = None,
@@ -57,7 +58,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     return prof
 
 
-def engine_runs(lm, grid: Grid, partial: Path, progress: bool = True) -> dict[str, list[tuple[str, EventLog]]]:
+def engine_runs(lm: LoadedModel, grid: Grid, partial: Path, progress: bool = True) -> dict[str, list[tuple[str, EventLog]]]:
     """The calibration's engine workloads (`calibrate.replay`), each run once; a finished run's log
     is kept in the partial file, so an interrupted calibration does not run it again."""
     loads = workloads(max(grid.batches), max(grid.chunks) + max(grid.chunks) // 4, lm.vocab_size)
@@ -69,11 +70,14 @@ def engine_runs(lm, grid: Grid, partial: Path, progress: bool = True) -> dict[st
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):  # grid lines, or one cut short
             continue
     todo = [w for ws in loads.values() for w in ws if w.name not in done]
+    model = {"name": lm.name, "dtype": lm.dtype, "quant_bits": lm.quant_bits, "weights": lm.source}
+    folder = partial.with_name(partial.name + ".runs")
     with open(partial, "a") as f:
-        for w, log in zip(todo, run_workloads(lm, todo, progress)):
+        for w, log in zip(todo, run_workloads(model, todo, folder, progress)):  # each saved as it ends
             done[w.name] = log
-            f.write(json.dumps({"workload": w.name, "log": log.to_dict()}) + "\n")
+            f.write(json.dumps({"workload": w.name, "log": done[w.name].to_dict()}) + "\n")
             f.flush()
+    shutil.rmtree(folder, ignore_errors=True)
     return {part: [(w.name, done[w.name]) for w in ws] for part, ws in loads.items()}
 
 
@@ -83,7 +87,7 @@ def refit(source: Path, out: Path, seed: int = 0, overwrite: bool = False) -> di
     if "samples" not in prof:
         raise UserError(f"profile {source} has no samples to fit (the built-in illustrative one has none)")
     prof.pop("_path")
-    prof.update(fit_profile(prof["samples"], seed=seed), refit_of=str(source), created=stamp())
+    prof.update(refitted(prof, prof["samples"], seed), refit_of=str(source), created=stamp())
     atomic_write_json(out, prof, overwrite=overwrite)
     prof["_path"] = str(out)
     return prof
@@ -114,7 +118,7 @@ def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[s
     more = run_grid(lm, grid, partial, header, seed=seed, progress=progress, rounds=range(first, first + n), keys=keys)
     prof.pop("_path")
     prof["samples"] = merge(prof["samples"], more)
-    prof.update(fit_profile(prof["samples"], seed=seed),
+    prof.update(refitted(prof, prof["samples"], seed),
                 calibrate_s=prof.get("calibrate_s", 0.0) + time.perf_counter() - t0,
                 rounds_added=prof.get("rounds_added", []) + [{"created": stamp(), "rounds": n, "steps": steps or "all",
                                                                "source": str(source)}])
@@ -122,6 +126,46 @@ def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[s
     partial.unlink(missing_ok=True)
     prof["_path"] = str(out)
     return prof
+
+
+def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: int = 0,
+              overwrite: bool = False) -> tuple[dict, dict]:
+    """Refit a profile with every call of confirm runs added to its samples (they carry shapes and
+    times); return the new profile and the old `fit` section, to say how the errors changed. The
+    profile is the one the first report was predicted with, unless `source` names another."""
+    docs = [read_json_object(r, "confirm report", UserError) for r in reports]
+    for d, r in zip(docs, reports):
+        if "pdsim_confirm" not in d or not isinstance(d.get("runs"), list):
+            raise UserError(f"{r}: not a confirm report (no runs)")
+    source = source or Path(docs[0]["profile"].get("path") or "")
+    prof = load_profile(source)
+    if not prof.get("samples"):
+        raise UserError(f"profile {source} has no measured samples to add runs to")
+    refuse_existing(out, overwrite)
+    for d, r in zip(docs, reports):
+        if d["host"].get("id") != prof["device"].get("id"):
+            raise UserError(f"{r} was measured on {d['host'].get('id')!r}, profile {source} on "
+                            f"{prof['device'].get('id')!r}: calls from two devices do not mix")
+    before = prof["fit"]
+    added = [s for d, r in zip(docs, reports) for run in d["runs"]
+             for s in samples_from_log(EventLog.from_dict(run["log"]), f"run:{r.name}:{run['label']}:r{run['repeat']}")]
+    prof.pop("_path")
+    prof["samples"] = prof["samples"] + added
+    prof.update(refitted(prof, prof["samples"], seed), from_runs=[str(r) for r in reports], refit_of=str(source),
+                created=stamp())
+    atomic_write_json(out, prof, overwrite=overwrite)
+    prof["_path"] = str(out)
+    return prof, before
+
+
+def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
+    """`fit_profile` of these samples; what the engine replay measured besides its calls (the time
+    between calls) is a measurement, not a fit, and is kept."""
+    new = fit_profile(samples, seed=seed)
+    old = prof.get("fit", {}).get("replay", {})
+    if "replay" in new["fit"] and "between_calls_share" in old:
+        new["fit"]["replay"]["between_calls_share"] = old["between_calls_share"]
+    return new
 
 
 def refuse_existing(out: Path, overwrite: bool) -> None:

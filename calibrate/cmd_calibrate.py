@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--refit", metavar="PROFILE",
                    help="no measuring: fit again the samples of an existing profile (e.g. after the cost "
                         "model's forms changed) and write the result to -o")
+    p.add_argument("--from-runs", nargs="+", metavar="REPORT",
+                   help="no measuring: refit the profile these confirm reports were predicted with (or --refit's) "
+                        "with every call of their runs added to its samples; print how the errors changed")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -52,8 +55,16 @@ def default_profile_path(model: str, device_kind: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from calibrate.calibration import add_rounds, calibrate, refit
+    from calibrate.calibration import add_rounds, calibrate, from_runs, refit
     from calibrate.grid import GRIDS
+    if args.from_runs:
+        if not args.out:
+            raise ValueError("--from-runs needs -o for the refitted profile")
+        prof, before = from_runs([Path(r) for r in args.from_runs], Path(args.out),
+                                 Path(args.refit) if args.refit else None, args.seed, args.overwrite)
+        report(prof, "with confirm runs", 0.0)
+        report_change(before, prof["fit"])
+        return 0
     if args.refit:
         if not args.out:
             raise ValueError("--refit needs -o for the refitted profile")
@@ -112,6 +123,19 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
     if "replay" in prof["fit"]:
         report_replay(prof["fit"]["replay"])
     print(f"wrote {prof['_path']}")
+
+
+def report_change(before: dict, after: dict) -> None:
+    """Held-out errors before and after a refit, side by side."""
+    print("  held-out error, before -> after:")
+    for step, e in after["errors"].items():
+        b = before.get("errors", {}).get(step, {})
+        print(f"    {step:8s} cross-validated mean {b.get('cv_form_mean', float('nan')):.1%} -> {e['cv_form_mean']:.1%}")
+    old = {r["kind"]: r for r in before.get("replay", {}).get("by_kind", [])}
+    for r in after.get("replay", {}).get("by_kind", []):
+        if r["kind"] in old:
+            print(f"    engine replay {r['kind']:8s} median |error| {old[r['kind']]['abs_error_median']:.1%} -> "
+                  f"{r['abs_error_median']:.1%}")
 
 
 def report_replay(r: dict) -> None:

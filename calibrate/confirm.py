@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from calibrate.gate import chunked_logits_match
 from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
-from calibrate.worker import warmup_trace
+from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.errors import UserError
 from sim.commands.common import setting_label
 from sim.costmodel import CostModel, check_profile_matches, cost_model
@@ -86,14 +84,10 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
         out = runs_dir / f"r{r}-{label.replace('/', '_')}.json"
         if not out.exists():
             spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup}
-            spec_path = out.with_suffix(".spec.json")
-            spec_path.write_text(json.dumps(spec))
-            p = subprocess.run([sys.executable, "-m", "calibrate.worker", str(spec_path), str(out)],
-                               capture_output=True, text=True)
-            if p.returncode != 0:
-                tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-                raise UserError(f"run {label} repeat {r} failed: {tail}")
-            spec_path.unlink()
+            try:
+                run_fresh(spec, out)
+            except RunFailed as e:
+                raise UserError(f"run {label} repeat {r} failed: {e}") from None
             if cooldown:
                 time.sleep(cooldown)
         data = json.loads(out.read_text())

@@ -69,7 +69,7 @@ def knot_of(samples: list[dict]) -> float:
     """Where a decode row's attention may change slope: the middle of the measured longest
     contexts, when the grid measures a stretch at least half as long beyond it (a slope fitted
     over less would be noise, and it prices every longer context); otherwise none (one slope)."""
-    xs = sorted({round(_context_max(s)) for s in samples if not _single(s)})
+    xs = sorted({round(_context_max(s)) for s in samples if not _single(s) and "source" not in s})  # the grid's
     mid = xs[len(xs) // 2] if len(xs) >= 3 else np.inf
     return float(mid) if xs and xs[-1] >= 1.5 * mid else np.inf
 
@@ -87,24 +87,25 @@ class Form:
     tile: int = 0
     rem: list[float] = field(default_factory=lambda: [0.0, 0.0])
     copy: float = 0.0  # seconds per token-row of KV buffer written
+    fresh: float = 0.0  # more per such row beyond the run's high-water mark
     join: float = 0.0  # a call in which requests join the batch cache, besides its copies
     leave: float = 0.0
 
-    def model(self, copy: float | None = None) -> LinearCostModel:
+    def model(self) -> LinearCostModel:
         curve = Curve.from_pairs(self.dense)
-        copy = self.copy if copy is None else copy
         if self.step == "prefill":
             return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve, prefill_tile=self.tile,
-                                   prefill_rem=tuple(self.rem), copy=copy)
+                                   prefill_rem=tuple(self.rem), copy=self.copy, fresh=self.fresh)
         return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot,
-                               decode_lone=self.lone, copy=copy, join=(self.join, 0.0, 0.0),
+                               decode_lone=self.lone, copy=self.copy, fresh=self.fresh, join=(self.join, 0.0, 0.0),
                                leave=(self.leave, 0.0, 0.0))
 
 
-def fit_form(step: str, samples: list[dict], tile: int | None = None, copy: float = 0.0) -> Form:
+def fit_form(step: str, samples: list[dict], tile: int | None = None, copy: tuple[float, float] = (0.0, 0.0)) -> Form:
     """Non-negative least squares on relative error, over a hat basis for dense(n), the attention
-    terms and (prefill) a tile's remainder, (decode) KV copies and batch joins and leaves. A prefill
-    is fitted with the decode's `copy` cost taken as known (its chunks rarely grow a buffer)."""
+    terms and (prefill) a tile's remainder, (decode) KV buffers written and fresh, batch joins and
+    leaves. A prefill is fitted with the decode's `copy` costs (written, fresh) taken as known: its
+    chunks write buffers only at 256-token steps, too rarely to tell the two apart."""
     sizes = sorted({_size(step, s) for s in samples})
     if step == "prefill" and tile is None:
         tile = pick_tile(samples, copy)
@@ -114,11 +115,11 @@ def fit_form(step: str, samples: list[dict], tile: int | None = None, copy: floa
     lone = step == "decode" and any(_single(s) for s in samples) and len(sizes) > 1
     hats = [Curve(tuple(knots), tuple(float(i == k) for i in range(len(knots)))) for k in range(len(knots))]
     extra = (lambda s: _remainder(s["chunk"], tile)) if step == "prefill" else (
-        lambda s: [s.get("written", 0), float(s.get("joined", 0) > 0), float(s.get("left", 0) > 0)])
+        lambda s: [s.get("written", 0), s.get("fresh", 0), float(s.get("joined", 0) > 0), float(s.get("left", 0) > 0)])
     X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s, knot, lone) + extra(s) for s in samples])
     y = np.array([s["seconds"] for s in samples])
     if step == "prefill":
-        y_fit = y - copy * np.array([s.get("written", 0) for s in samples])
+        y_fit = y - np.array([copy[0] * s.get("written", 0) + copy[1] * s.get("fresh", 0) for s in samples])
     else:
         y_fit = y
     used = np.abs(X).sum(axis=0) > 0  # a term no sample exercises stays 0
@@ -130,12 +131,12 @@ def fit_form(step: str, samples: list[dict], tile: int | None = None, copy: floa
     att = [float(c) for c in x[len(knots):len(knots) + n_att]]
     more = [float(c) for c in x[len(knots) + n_att:]]
     if step == "prefill":
-        return Form(step, [0.0, 0.0] + att, dense, tile=tile, rem=more or [0.0, 0.0], copy=copy)
+        return Form(step, [0.0, 0.0] + att, dense, tile=tile, rem=more or [0.0, 0.0], copy=copy[0], fresh=copy[1])
     return Form(step, [0.0, 0.0] + att[:len(att) - lone], dense, knot, att[-1] if lone else None,
-                copy=more[0], join=more[1], leave=more[2])
+                copy=more[0], fresh=more[1], join=more[2], leave=more[3])
 
 
-def pick_tile(samples: list[dict], copy: float = 0.0) -> int:
+def pick_tile(samples: list[dict], copy: tuple[float, float] = (0.0, 0.0)) -> int:
     """The prefill tile whose form cross-validates best (0: a plain curve through every size)."""
     sizes = [s["chunk"] for s in samples]
     folds = _folds(sizes, random.Random("tile"))
@@ -159,7 +160,7 @@ def _rel_errors(pred: np.ndarray, samples: list[dict]) -> np.ndarray:
 
 def _predict(model, step: str, samples: list[dict]) -> np.ndarray:
     """Each sample priced from its shape, its KV copies and batch changes included."""
-    copy = np.array([model.copy * s.get("written", 0) for s in samples])
+    copy = np.array([model.copy * s.get("written", 0) + model.fresh * s.get("fresh", 0) for s in samples])
     if step == "prefill":
         return copy + np.array([model.prefill(s["chunk"], s["prefix"]) for s in samples])
     return copy + np.array([model.decode(_contexts(s), _single(s))
@@ -188,7 +189,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     held_runs = [s for s in samples if s.get("source", "").startswith(HELD_OUT)]
     samples = [s for s in samples if not s.get("source", "").startswith(HELD_OUT)]
     by_step = {st: [s for s in samples if s["step"] == st] for st in ("decode", "prefill")}
-    forms, errors, copy, tile = {}, {}, 0.0, None
+    forms, errors, copy, tile = {}, {}, (0.0, 0.0), None
     for step, pts in by_step.items():  # decode first: a prefill takes its KV copy cost as known
         if len(pts) < 4:
             raise ValueError(f"calibration has only {len(pts)} {step} points; need at least 4")
@@ -208,7 +209,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
                         "repeat_noise": repeat_noise(pts),
                         **({"tile": tile} if step == "prefill" else {})}
         forms[step] = fit_form(step, pts, tile, copy)  # the final fit uses every point
-        copy = forms[step].copy
+        copy = forms[step].copy, forms[step].fresh
     use = "fit"
     if any(e["cv_form_mean"] > TARGET and e["cv_grid_mean"] < e["cv_form_mean"] for e in errors.values()):
         use = "grid"
@@ -224,6 +225,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
                    "grid": _grid_points("decode", by_step["decode"]).tolist()},
         "iteration": med("overhead"),
         "copy": forms["decode"].copy,
+        "fresh": forms["decode"].fresh,
         # calls where requests join or leave the batch cache, besides their copies (profiles before
         # `copy` timed these as steps of their own: a + b*batch + c*batch*max(context))
         "join": fit_copy([s for s in samples if s["step"] == "join"]) or [forms["decode"].join, 0.0, 0.0],
@@ -244,7 +246,8 @@ def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:
     for s in calls:
         pred = _predict(forms[s["step"]].model(), s["step"], [s])[0]
         ratios.append((s["call"], s["bucket"], float(pred / s["seconds"])))
-    copy = forms["decode"].copy * sum(s.get("written", 0) for s in calls)
+    d = forms["decode"]
+    copy = sum(d.copy * s.get("written", 0) + d.fresh * s.get("fresh", 0) for s in calls)
     return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
             "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0)}
 
@@ -260,7 +263,7 @@ def _folds(sizes: list[int], rng: random.Random) -> list[set[int]]:
 
 
 def _held_out_errors(step: str, pts: list[dict], tests: list[set[int]], tile: int | None = None,
-                     copy: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                     copy: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
     """Relative errors (form, grid interpolation) on each test set, each predicted by a fit of
     the other points only."""
     e_form, e_grid = [], []

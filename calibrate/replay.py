@@ -12,12 +12,13 @@ from __future__ import annotations
 import random
 from bisect import bisect_right
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
 
 from tqdm import tqdm
 
-import policies
-from calibrate.executor import RealEngine
-from calibrate.model import LoadedModel
+from calibrate.worker import RunFailed, run_fresh
+from sim.errors import UserError
 from sim.log import Call, EventLog
 from sim.residuals import call_kind, size_bucket
 from traces.generators import fixed, poisson, tinyllm
@@ -57,14 +58,20 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
     }
 
 
-def run_workloads(lm: LoadedModel, loads: list[Workload], progress: bool = True) -> list[EventLog]:
-    """Serve each workload once after an untimed warm-up; the logs of the timed runs."""
-    engine, logs = RealEngine(lm), []
+def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bool = True) -> Iterator[EventLog]:
+    """Serve each workload once, each in a fresh process after an untimed warm-up, as confirm runs
+    are (a process that timed the grid has touched gigabytes: its joins would never meet fresh
+    memory); yield the log of each timed run as it finishes. `model`: the worker's model spec."""
+    folder.mkdir(parents=True, exist_ok=True)
     for w in tqdm(loads, desc="engine runs", unit="run", disable=not progress):
-        warm = Trace(w.trace.requests[:2], {"source": "warmup"})
-        engine.run(warm, policies.make(**w.setting))
-        logs.append(engine.run(w.trace, policies.make(**w.setting)).log)
-    return logs
+        trace = folder / f"{w.name}.trace.jsonl"
+        w.trace.save_jsonl(trace)
+        try:
+            out = run_fresh({"model": model, "trace_path": str(trace), "setting": w.setting, "warmup": 1},
+                            folder / f"{w.name}.json")
+        except RunFailed as e:
+            raise UserError(f"engine run {w.name} failed: {e}") from None
+        yield EventLog.from_dict(out["log"])
 
 
 def samples_from_log(log: EventLog, source: str) -> list[dict]:
@@ -75,7 +82,7 @@ def samples_from_log(log: EventLog, source: str) -> list[dict]:
 def call_sample(c: Call, source: str) -> dict:
     """One call: the shape fields the fit reads (`calibrate.fit`), its kind and its seconds."""
     s = {"source": source, "call": call_kind(c), "bucket": size_bucket(c.kind, c.tokens), "seconds": c.end - c.start,
-         "written": c.written}
+         "written": c.written, "fresh": c.fresh}
     if c.kind == "prefill":
         return dict(s, step="prefill", chunk=c.tokens, prefix=c.prefix, batch=1)
     return dict(s, step="decode", batch=c.tokens, contexts=list(c.contexts), context_max=max(c.contexts),

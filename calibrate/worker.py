@@ -7,8 +7,10 @@ setting; the result (event log, greedy tokens, host) is written atomically.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import policies
 from calibrate.executor import RealEngine
@@ -39,6 +41,23 @@ def run_spec(spec: dict) -> dict:
     run = engine.run(trace, policy)
     return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
             "wall_s": time.perf_counter() - t0, "host": host_info(), "setting": spec["setting"]}
+
+
+class RunFailed(RuntimeError):
+    """A fresh-process run exited with an error; the message is its last line."""
+
+
+def run_fresh(spec: dict, out: Path) -> dict:
+    """`run_spec` in a new Python process (the protocol: no run inherits another's allocator,
+    buffers or warm kernels); the result is also left in `out`."""
+    spec_path = out.with_suffix(".spec.json")
+    spec_path.write_text(json.dumps(spec))
+    p = subprocess.run([sys.executable, "-m", "calibrate.worker", str(spec_path), str(out)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RunFailed((p.stderr.strip().splitlines() or ["(no output)"])[-1])
+    spec_path.unlink()
+    return json.loads(out.read_text())
 
 
 def main() -> int:

@@ -43,6 +43,7 @@ class ProfileError(ValueError):
 class CostModel(Protocol):
     iteration: float  # host work per scheduler iteration (policy, bookkeeping), seconds
     copy: float  # seconds per token-row of KV buffer a call allocates and fills (`sim.kvcache`)
+    fresh: float  # and per such row beyond the run's high-water mark: memory never held before
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 
@@ -98,6 +99,7 @@ class LinearCostModel:
     decode_knot: float = float("inf")  # context where a row's attention slope goes from c to e
     decode_lone: float | None = None  # a single decode's attention per context token (None: a batch row's)
     copy: float = 0.0  # seconds per token-row of KV buffer allocated and filled in a call
+    fresh: float = 0.0  # more per token-row of it beyond the run's high-water mark (fresh pages)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, float] = (0.0, 0.0)  # their cost: once if any, and per row
 
@@ -190,6 +192,10 @@ class GridCostModel:
     def copy(self) -> float:
         return self.linear.copy
 
+    @property
+    def fresh(self) -> float:
+        return self.linear.fresh
+
     def decode(self, contexts: Sequence[int], single: bool = False) -> float:
         if single:
             return self.linear.decode(contexts, True)
@@ -260,8 +266,9 @@ def load_profile(path: str | Path) -> dict:
     lone = cost["decode"].get("lone")
     if lone is not None and not (_is_number(lone) and lone >= 0):
         raise ProfileError(f"profile {path}: 'cost.decode.lone' must be a non-negative number")
-    if not (_is_number(cost.get("copy", 0.0)) and cost.get("copy", 0.0) >= 0):
-        raise ProfileError(f"profile {path}: 'cost.copy' must be a non-negative number (seconds per token-row)")
+    for key in ("copy", "fresh"):
+        if not (_is_number(cost.get(key, 0.0)) and cost.get(key, 0.0) >= 0):
+            raise ProfileError(f"profile {path}: 'cost.{key}' must be a non-negative number (seconds per token-row)")
     tile, rem = cost["prefill"].get("tile", 0), cost["prefill"].get("remainder", [0.0, 0.0])
     if not (isinstance(tile, int) and not isinstance(tile, bool) and tile >= 0 and isinstance(rem, list)
             and len(rem) == 2 and all(_is_number(x) and x >= 0 for x in rem)):
@@ -280,11 +287,14 @@ def _is_number(x) -> bool:
 def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     """The cost model a profile asks for (`cost.use`: "fit", the default, or "grid")."""
     c = prof["cost"]
-    lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]),
-                          float(c.get("iteration", 0.0)), _triple(c.get("join")), _triple(c.get("leave")),
-                          Curve.from_pairs(c["prefill"].get("dense")), Curve.from_pairs(c["decode"].get("dense")),
-                          float(c["decode"].get("knot") or "inf"), c["decode"].get("lone"), float(c.get("copy", 0.0)),
-                          int(c["prefill"].get("tile", 0)), tuple(c["prefill"].get("remainder", (0.0, 0.0))))
+    lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]), float(c.get("iteration", 0.0)),
+                          join=_triple(c.get("join")), leave=_triple(c.get("leave")),
+                          prefill_dense=Curve.from_pairs(c["prefill"].get("dense")),
+                          decode_dense=Curve.from_pairs(c["decode"].get("dense")),
+                          decode_knot=float(c["decode"].get("knot") or "inf"), decode_lone=c["decode"].get("lone"),
+                          copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
+                          prefill_tile=int(c["prefill"].get("tile", 0)),
+                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))))
     if c.get("use", "fit") == "grid":
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),
                              lin.iteration)

@@ -28,6 +28,7 @@ class Call(NamedTuple):
     iteration: int = 0
     written: int = 0  # token-rows of KV buffer the call allocated and filled (`sim.kvcache`)
     batched: bool = True  # decode: one call on the batch cache, or on the request's own cache
+    fresh: int = 0  # of `written`, token-rows beyond the run's high-water mark of KV memory
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Column(NamedTuple):
     left: int = 0
     written: int = 0  # at the first iteration only: no buffer grows later in a stretch
     batched: bool = True
+    fresh: int = 0  # at the first iteration only
 
 
 class Stretch(NamedTuple):
@@ -68,7 +70,7 @@ class Stretch(NamedTuple):
     def calls(self) -> Iterable[Call]:
         its = range(self.iteration, self.iteration + len(self.columns[0].ends))
         built = []
-        for kind, rids, tokens, first, starts, ends, joined, left, written, batched in self.columns:
+        for kind, rids, tokens, first, starts, ends, joined, left, written, batched, fresh in self.columns:
             steps = len(ends)
             if kind == "prefill":
                 prefixes, contexts = range(first, first + steps * tokens, tokens), repeat(())
@@ -77,7 +79,7 @@ class Stretch(NamedTuple):
             built.append(map(_make_call, zip(repeat(kind), starts, ends, repeat(rids),
                                              repeat(tokens), prefixes, contexts, chain((joined,), repeat(0)),
                                              chain((left,), repeat(0)), its, chain((written,), repeat(0)),
-                                             repeat(batched))))
+                                             repeat(batched), chain((fresh,), repeat(0)))))
         return built[0] if len(built) == 1 else chain.from_iterable(zip(*built))
 
 
@@ -136,7 +138,7 @@ class EventLog:
         return {
             "requests": [vars(r) for r in self.requests.values()],
             "calls": [[c.kind, c.start, c.end, list(c.rids), c.tokens, c.prefix, list(c.contexts),
-                       c.joined, c.left, c.iteration, c.written, c.batched] for c in self.calls],
+                       c.joined, c.left, c.iteration, c.written, c.batched, c.fresh] for c in self.calls],
             "call_fields": list(Call._fields),
             "tokens": self.tokens,
         }

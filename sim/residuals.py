@@ -44,7 +44,7 @@ def size_bucket(kind: str, tokens: int) -> str:
 
 def price_call(cost: CostModel, c: Call) -> float:
     """Seconds the cost model gives a logged call, from its logged shape alone."""
-    t = cost.copy * c.written
+    t = cost.copy * c.written + cost.fresh * c.fresh
     if c.kind == "prefill":
         return t + cost.prefill(c.tokens, c.prefix)
     t += cost.decode(c.contexts, not c.batched)

@@ -83,7 +83,7 @@ class EngineState:
             s = RequestState(r)
             if r.prefilled:  # prefill and first token happened before the clock started
                 s.prefilled, s.generated = r.prompt_len, 1
-                self.kv.prefill(r.id, 0, r.prompt_len)
+                self.kv.fresh(self.kv.held, self.kv.prefill(r.id, 0, r.prompt_len))
                 self.log.tokens[r.id].append(r.arrival)
                 self.ready[r.id] = s
             else:
@@ -99,27 +99,35 @@ class EngineState:
         new, old = set(work.rids), set(self.batch)
         return len(new - old), len(old - new)
 
-    def written(self, work: Work) -> int:
-        """Token-rows of KV buffer `work` would allocate and fill if it ran next (`sim.kvcache`)."""
+    def kv_rows(self, work: Work) -> tuple[int, int]:
+        """(written, fresh): token-rows of KV buffer `work` would allocate and fill if it ran next,
+        and how many of them lift the run's high-water mark (`sim.kvcache`)."""
         kv = self.kv
         if isinstance(work, Prefill):
-            return _grown(kv.own.get(work.rid, 0), self.queued[work.rid].prefilled, work.tokens)
-        if not work.batched:
-            return sum(_grown(kv.own.get(r, 0), self.ready[r].context - 1, 1) for r in work.rids)
-        if work.rids == kv.rows:
-            return len(work.rids) * _grown(kv.cap, kv.idx, 1)
-        return replace(kv, own=dict(kv.own)).decode_batch(work.rids, self.cached(work.rids))
+            written = _grown(kv.own.get(work.rid, 0), self.queued[work.rid].prefilled, work.tokens)
+        elif not work.batched:
+            written = sum(_grown(kv.own.get(r, 0), self.ready[r].context - 1, 1) for r in work.rids)
+        elif work.rids == kv.rows:
+            written = len(work.rids) * _grown(kv.cap, kv.idx, 1)
+        else:
+            written = replace(kv, own=dict(kv.own)).decode_batch(work.rids, self.cached(work.rids))
+        return written, (max(0, kv.held + written - kv.peak) if written else 0)
 
     def cached(self, rids) -> dict[str, int]:
         """Tokens each request's cache holds before its next decode (all but its last token)."""
         return {r: self.ready[r].context - 1 for r in set(rids) | set(self.kv.rows) if r in self.ready}
 
-    def _kv_apply(self, work: Work, prefix: int) -> int:
+    def _kv_apply(self, work: Work, prefix: int) -> tuple[int, int]:
+        """Follow the buffers through `work`; its (written, fresh) token-rows."""
+        kv = self.kv
+        held = kv.held
         if isinstance(work, Prefill):
-            return self.kv.prefill(work.rid, prefix, work.tokens)
-        if not work.batched:
-            return sum(self.kv.decode_one(r, self.ready[r].context - 1) for r in work.rids)
-        return self.kv.decode_batch(work.rids, self.cached(work.rids))
+            written = kv.prefill(work.rid, prefix, work.tokens)
+        elif not work.batched:
+            written = sum(kv.decode_one(r, self.ready[r].context - 1) for r in work.rids)
+        else:
+            written = kv.decode_batch(work.rids, self.cached(work.rids))
+        return written, kv.fresh(held, written)
 
     def check(self, work: Work) -> None:
         """Raise EngineError if `work` cannot run now."""
@@ -149,8 +157,9 @@ class EngineState:
         if isinstance(work, Prefill):
             self.check(work)
             s = self.queued[work.rid]
+            written, fresh = self._kv_apply(work, s.prefilled)
             self.log.add(Call("prefill", start, end, (work.rid,), work.tokens, s.prefilled,
-                              iteration=self.iteration, written=self._kv_apply(work, s.prefilled)))
+                              iteration=self.iteration, written=written, fresh=fresh))
             s.prefilled += work.tokens
             if s.prefill_left == 0:
                 del self.queued[work.rid]
@@ -167,7 +176,7 @@ class EngineState:
             self.check(work)  # raises EngineError naming the request
             raise
         joined, left = self.batch_change(work)
-        written = self._kv_apply(work, 0)
+        written, fresh = self._kv_apply(work, 0)
         contexts = []
         for s in states:
             rid = s.req.id
@@ -179,7 +188,7 @@ class EngineState:
                 self.kv.finish(rid)
                 self.finished += 1
         self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, tuple(contexts),
-                          joined, left, self.iteration, written, work.batched))
+                          joined, left, self.iteration, written, work.batched, fresh))
         if work.batched:
             self.batch = work.rids
 
@@ -194,15 +203,16 @@ class EngineState:
         for w, begin, end in zip(work, starts, ends):
             if isinstance(w, Prefill):
                 s = self.queued[w.rid]
-                written = self._kv_apply(w, s.prefilled)  # the later chunks fit (sim.steady)
-                columns.append(Column("prefill", (w.rid,), w.tokens, s.prefilled, begin, end, 0, 0, written))
+                written, fresh = self._kv_apply(w, s.prefilled)  # the later chunks fit (sim.steady)
+                columns.append(Column("prefill", (w.rid,), w.tokens, s.prefilled, begin, end, 0, 0, written, True,
+                                      fresh))
                 s.prefilled += steps * w.tokens
                 continue
             states = [self.ready[rid] for rid in w.rids]
             joined, left = self.batch_change(w)
-            written = self._kv_apply(w, 0)
+            written, fresh = self._kv_apply(w, 0)
             columns.append(Column("decode", w.rids, len(w.rids), [s.context for s in states], begin, end,
-                                  joined, left, written, w.batched))
+                                  joined, left, written, w.batched, fresh))
             if w.batched:
                 self.kv.idx += steps - 1
             for s in states:

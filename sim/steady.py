@@ -25,8 +25,8 @@ from sim.work import Decode, Prefill, Work
 def call_cost(cost: CostModel, state: EngineState, work: Work) -> float:
     """Seconds that `work` takes on the modelled engine, from the shapes the state gives it."""
     try:
-        written = state.written(work)
-        t = cost.copy * written if written else 0.0
+        written, fresh = state.kv_rows(work)
+        t = cost.copy * written + cost.fresh * fresh if written else 0.0
         if isinstance(work, Prefill):
             return t + cost.prefill(work.tokens, state.queued[work.rid].prefilled)
         joined, left = state.batch_change(work)

@@ -78,6 +78,20 @@ def test_confirm_end_to_end(profile, tmp_path):
     code, _, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--budget", "8", "--repeats", "1",
                          "-o", str(out))
     assert code == 2 and "exists" in err
+    # the runs' calls refit the profile they were predicted with; the errors before and after are said
+    learned = tmp_path / "learned.json"
+    code, stdout, err = pdsim("calibrate", "--from-runs", str(out), "-o", str(learned))
+    assert code == 0, err
+    assert "before -> after" in stdout and "cross-validated mean" in stdout
+    new, old = load_profile(learned), load_profile(profile)
+    added = [s for s in new["samples"] if s.get("source", "").startswith("run:report.json:")]
+    assert len(added) == sum(len(r["log"]["calls"]) for r in rep["runs"])
+    assert new["samples"][:len(old["samples"])] == [dict(s, held_out=n["held_out"], fitted=n["fitted"])
+                                                    if "fitted" in s else s
+                                                    for s, n in zip(old["samples"], new["samples"])]
+    assert new["from_runs"] == [str(out)] and new["fit"]["replay"]["calls"] == old["fit"]["replay"]["calls"]
+    code, _, err = pdsim("calibrate", "--from-runs", str(profile), "-o", str(tmp_path / "x.json"))
+    assert code == 2 and "not a confirm report" in err and "Traceback" not in err
 
 
 def test_confirm_refuses_mismatched_profile_and_long_trace(profile, tmp_path):
