@@ -26,7 +26,8 @@ from sim.costmodel import CostModel, check_profile_matches, cost_model
 from sim.files import atomic_write_json
 from sim.log import EventLog
 from sim.metrics import score
-from sim.replay import simulate
+from sim.replay import simulate, warmed
+from sim.state import relog
 from sim.residuals import residual_table
 from traces.trace import Trace
 
@@ -102,9 +103,11 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
     results = []
     for s in settings:
         label = setting_label(s)
-        predicted = score(simulate(trace, policies.make(**s), cost), stall_ms=stall_ms)
+        # the worker served a warm-up first, in the same process: predict that process
+        warm, policy = warmup_trace(trace), policies.make(**s)
+        predicted = score(simulate(trace, policy, cost, warmup=warm), stall_ms=stall_ms)
         mine = [r for r in runs if r["label"] == label]
-        logs = [EventLog.from_dict(r["log"]) for r in mine]
+        logs = [_logged(r["log"], trace, warmed(warm, policy, cost)) for r in mine]
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
         measured, errors = {}, {}
@@ -127,6 +130,13 @@ def call_rows(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> li
     non-finite number becomes null, so the report stays strict JSON."""
     return [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
             for row in residual_table(logs, cost, by_size)]
+
+
+def _logged(doc: dict, trace: Trace, largest: int) -> EventLog:
+    """A run's log; one written before logs carried KV buffers (`fresh`) is relogged: the same
+    calls at the same times through today's state machine, which derives them."""
+    log = EventLog.from_dict(doc)
+    return log if "fresh" in doc.get("call_fields", ()) else relog(trace, log, largest)
 
 
 def relative_error(predicted: float, measured: float) -> float:

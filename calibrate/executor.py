@@ -38,10 +38,11 @@ class RealRun:
 class RealEngine:
     lm: LoadedModel
     caches: dict[str, Cache] = field(default_factory=dict)
+    largest: int = 0  # the largest KV array this process allocated in earlier runs (`sim.kvcache`)
 
     def run(self, trace: Trace, policy: Policy, on_call=None) -> RealRun:
         """Serve `trace` under `policy` in real time; requests arrive at their trace times."""
-        state = EngineState(trace)
+        state = EngineState(trace, self.largest)
         self.caches, self.batch = {}, DecodeBatch(self.lm)
         self.prompts = {r.id: prompt_tokens(r, self.lm.vocab_size) for r in trace.requests}
         self.outputs: dict[str, list[int]] = {r.id: [] for r in trace.requests}
@@ -71,6 +72,7 @@ class RealEngine:
                 self._free_finished(item, state)
                 if on_call:
                     on_call(state)
+        self.largest = state.kv.largest
         return RealRun(state.log, self.outputs, idle)
 
     def _run(self, work: Work, state: EngineState) -> None:

@@ -12,10 +12,12 @@ others at context 128 writes 4 rows of a 384-token buffer. On a CPU these fresh 
 (`calibrate.kernels`), so both executors log, and the cost model prices, the token-rows of KV
 buffer each call writes (`written`). A test checks the sizes against the real caches, call by call.
 
-Memory the process has never held before costs more again: the kernel maps and zeroes every fresh
-page (a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). Freed memory is
-reused, so what is fresh is what lifts the run's high-water mark of KV buffers: `fresh`, counted
-with every buffer a call writes alive at once.
+Memory the process has not used before costs more: the kernel maps and zeroes every fresh page
+(a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). An allocator reuses
+freed blocks up to the size it has seen freed (glibc's malloc raises its mmap threshold to the
+largest freed block; MLX's buffer caches likewise serve what they hold), so an array larger than
+any before is fresh memory and a smaller one mostly reuses: `fresh` counts the token-rows of the
+arrays a call allocates that are larger than every array before them in the run.
 """
 from __future__ import annotations
 
@@ -41,53 +43,61 @@ class KVBuffers:
     rows: tuple[str, ...] = ()  # the batch cache's rows, in order
     idx: int = 0  # the batch cache's `_idx`: its longest row, left padding included
     cap: int = 0
-    peak: int = 0  # the most token-rows of KV buffer held at once so far, transient copies included
+    largest: int = 0  # the largest array allocated so far in the run (token-rows, one layer's keys)
+    written: int = 0  # token-rows allocated and filled, and of them fresh, since `take` last ran
+    fresh: int = 0
 
-    @property
-    def held(self) -> int:
-        """Token-rows of KV buffer held: every request's own cache and the batch cache."""
-        return sum(self.own.values()) + len(self.rows) * self.cap
+    def _new(self, rows: int) -> None:
+        """One new array of `rows` token-rows (each layer's keys and values alike)."""
+        self.written += rows
+        if rows > self.largest:
+            self.fresh += rows
+            self.largest = rows
 
-    def fresh(self, held: int, written: int) -> int:
-        """Token-rows beyond the high-water mark when `written` new rows are allocated on top of
-        `held` (the old buffers are freed only after the call); raises the mark."""
-        top = held + written
-        fresh, self.peak = max(0, top - self.peak), max(self.peak, top)
-        return fresh
+    def take(self) -> tuple[int, int]:
+        """(written, fresh) since the last take: one call's."""
+        out = self.written, self.fresh
+        self.written = self.fresh = 0
+        return out
 
-    def prefill(self, rid: str, prefix: int, n: int) -> int:
-        """A prompt chunk of n tokens after `prefix` cached ones, on the request's own cache."""
-        self.own[rid], written = write(self.own.get(rid, 0), prefix, n)
-        return written
+    def prefill(self, rid: str, prefix: int, n: int) -> tuple[int, int]:
+        """A prompt chunk of n tokens after `prefix` cached ones, on the request's own cache:
+        (written, fresh) token-rows."""
+        self.own[rid], grown = write(self.own.get(rid, 0), prefix, n)
+        if grown:
+            self._new(grown)
+        return self.take()
 
-    def decode_one(self, rid: str, cached: int) -> int:
+    def decode_one(self, rid: str, cached: int) -> tuple[int, int]:
         """One token on the request's own cache, which holds `cached` tokens."""
         return self.prefill(rid, cached, 1)
 
-    def decode_batch(self, rids: tuple[str, ...], cached: dict[str, int]) -> int:
+    def decode_batch(self, rids: tuple[str, ...], cached: dict[str, int]) -> tuple[int, int]:
         """`DecodeBatch.sync(rids)` then one step; `cached[rid]` is what each request's cache holds
         before the step (its own cache for a joining request, its row for a member)."""
-        written = self.sync(rids, cached) if rids != self.rows else 0
+        if rids != self.rows:
+            self.sync(rids, cached)
         self.cap, grown = write(self.cap, self.idx, 1)
         self.idx += 1
-        return written + len(rids) * grown
+        if grown:
+            self._new(len(rids) * grown)
+        return self.take()
 
-    def sync(self, rids: tuple[str, ...], cached: dict[str, int]) -> int:
+    def sync(self, rids: tuple[str, ...], cached: dict[str, int]) -> None:
         wanted, present = set(rids), set(self.rows)
         kept = [r for r in self.rows if r in wanted]
         joining = [r for r in rids if r not in present]
-        written = 0
         for r in self.rows:
             if r not in wanted and r in cached:  # a leaver that still owes tokens: its row copied out
                 self.own[r] = cached[r]
-                written += cached[r]
+                self._new(cached[r])
         if not kept:
             self.idx = self.cap = 0
         elif len(kept) < len(self.rows):
-            written += self._filter(kept, cached)
+            self._filter(kept, cached)
         if joining:
             longest = max(cached[r] for r in joining)  # merge: an exact-size buffer, no spare room
-            written += len(joining) * longest
+            self._new(len(joining) * longest)
             if not kept:
                 self.idx = self.cap = longest
             else:  # extend: both sides padded to one size where they differ, then concatenated
@@ -95,21 +105,19 @@ class KVBuffers:
                 for n, i, c in ((len(kept), self.idx, self.cap), (len(joining), longest, longest)):
                     left = idx - i
                     if left or size - c - left > 0:
-                        written += n * size
-                written += (len(kept) + len(joining)) * size
+                        self._new(n * size)
+                self._new((len(kept) + len(joining)) * size)
                 self.idx, self.cap = idx, size
         if kept + joining != list(rids):  # same members, another order: a gather of every row
-            written += self._filter(list(rids), cached)
+            self._filter(list(rids), cached)
         self.rows = tuple(rids)
-        return written
 
-    def _filter(self, kept: list[str], cached: dict[str, int]) -> int:
+    def _filter(self, kept: list[str], cached: dict[str, int]) -> None:
         """`BatchKVCache.filter`: gather the kept rows, then drop the padding they all share (a view)."""
-        written = len(kept) * self.cap
+        self._new(len(kept) * self.cap)
         shift = self.idx - max(cached[r] for r in kept)
         self.idx -= shift
         self.cap -= shift
-        return written
 
     def finish(self, rid: str) -> None:
         """A finished request's own cache is dropped (its batch row goes at the next sync)."""

@@ -15,16 +15,30 @@ from sim.steady import call_cost, steady_steps, steady_times
 from traces.trace import Trace
 
 
-def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True) -> EventLog:
+def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True, warmup: Trace | None = None) -> EventLog:
     """Replay `trace` under `policy`; return the event log. Deterministic: no randomness inside.
 
     The engine is one SimPy process; arrivals are read from the trace between iterations, as a
     real engine sees them. The engine keeps the exact clock (`t`, each end the start plus the
     call's cost) and SimPy advances with it. `steady=False` turns off the bulk pricing of steady
-    stretches (`sim.steady`), for checking that it changes nothing.
+    stretches (`sim.steady`), for checking that it changes nothing. `warmup`: a trace the same
+    process served first (a confirm run's warm-up), whose KV arrays the allocator then reuses.
     """
+    state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0)
+    _serve(state, policy, cost, steady)
+    return state.log
+
+
+def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> int:
+    """The largest KV array a process allocates serving `warmup` (`sim.kvcache`)."""
+    state = EngineState(warmup)
+    _serve(state, policy, cost, True)
+    return state.kv.largest
+
+
+def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool) -> None:
+    """The engine process over `state`'s trace, run to the end."""
     env = simpy.Environment()
-    state = EngineState(trace)
 
     def until(when: float) -> simpy.Timeout:
         return env.timeout(max(0.0, when - env.now))  # SimPy's clock may trail `t` by a rounding
@@ -56,4 +70,3 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True)
             yield until(t)  # nothing else happens during an iteration: one SimPy event for it
 
     env.run(until=env.process(engine()))
-    return state.log

@@ -50,14 +50,15 @@ class EngineState:
     Policies read both (and `now`) and must not modify them.
     """
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, largest: int = 0):
+        """`largest`: the largest KV array the process allocated before this run (its warm-up)."""
         self.trace = trace
         self.now = 0.0
         self.iteration = 0
         self.queued: dict[str, RequestState] = {}
         self.ready: dict[str, RequestState] = {}
         self.batch: tuple[str, ...] = ()  # members of the batch decode cache after the last batched call
-        self.kv = KVBuffers()  # the KV caches' buffer sizes, as the real engine's grow and copy
+        self.kv = KVBuffers(largest=largest)  # the KV caches' buffer sizes, as the real engine's grow and copy
         self.finished = 0
         self.arrived = 0
         self.log = EventLog()
@@ -83,7 +84,7 @@ class EngineState:
             s = RequestState(r)
             if r.prefilled:  # prefill and first token happened before the clock started
                 s.prefilled, s.generated = r.prompt_len, 1
-                self.kv.fresh(self.kv.held, self.kv.prefill(r.id, 0, r.prompt_len))
+                self.kv.prefill(r.id, 0, r.prompt_len)
                 self.log.tokens[r.id].append(r.arrival)
                 self.ready[r.id] = s
             else:
@@ -101,33 +102,29 @@ class EngineState:
 
     def kv_rows(self, work: Work) -> tuple[int, int]:
         """(written, fresh): token-rows of KV buffer `work` would allocate and fill if it ran next,
-        and how many of them lift the run's high-water mark (`sim.kvcache`)."""
+        and how many of them are fresh memory (`sim.kvcache`)."""
         kv = self.kv
         if isinstance(work, Prefill):
-            written = _grown(kv.own.get(work.rid, 0), self.queued[work.rid].prefilled, work.tokens)
-        elif not work.batched:
-            written = sum(_grown(kv.own.get(r, 0), self.ready[r].context - 1, 1) for r in work.rids)
-        elif work.rids == kv.rows:
-            written = len(work.rids) * _grown(kv.cap, kv.idx, 1)
-        else:
-            written = replace(kv, own=dict(kv.own)).decode_batch(work.rids, self.cached(work.rids))
-        return written, (max(0, kv.held + written - kv.peak) if written else 0)
+            grown = _grown(kv.own.get(work.rid, 0), self.queued[work.rid].prefilled, work.tokens)
+        elif work.batched and work.rids == kv.rows:
+            grown = len(work.rids) * _grown(kv.cap, kv.idx, 1)
+        else:  # a batch change, or single decodes: follow them on a copy
+            return self._kv_apply(work, 0, replace(kv, own=dict(kv.own)))
+        return grown, (grown if grown > kv.largest else 0)
 
     def cached(self, rids) -> dict[str, int]:
         """Tokens each request's cache holds before its next decode (all but its last token)."""
         return {r: self.ready[r].context - 1 for r in set(rids) | set(self.kv.rows) if r in self.ready}
 
-    def _kv_apply(self, work: Work, prefix: int) -> tuple[int, int]:
+    def _kv_apply(self, work: Work, prefix: int, kv: KVBuffers | None = None) -> tuple[int, int]:
         """Follow the buffers through `work`; its (written, fresh) token-rows."""
-        kv = self.kv
-        held = kv.held
+        kv = kv or self.kv
         if isinstance(work, Prefill):
-            written = kv.prefill(work.rid, prefix, work.tokens)
-        elif not work.batched:
-            written = sum(kv.decode_one(r, self.ready[r].context - 1) for r in work.rids)
-        else:
-            written = kv.decode_batch(work.rids, self.cached(work.rids))
-        return written, kv.fresh(held, written)
+            return kv.prefill(work.rid, prefix, work.tokens)
+        if not work.batched:
+            rows = [kv.decode_one(r, self.ready[r].context - 1) for r in work.rids]
+            return sum(w for w, _ in rows), sum(f for _, f in rows)
+        return kv.decode_batch(work.rids, self.cached(work.rids))
 
     def check(self, work: Work) -> None:
         """Raise EngineError if `work` cannot run now."""
@@ -238,3 +235,16 @@ class EngineState:
 
 def _grown(cap: int, idx: int, n: int) -> int:
     return write(cap, idx, n)[1]
+
+
+def relog(trace: Trace, log: EventLog, largest: int = 0) -> EventLog:
+    """A measured log's calls through today's state machine, at their measured times: what the
+    state derives from the calls (KV buffers written, fresh memory) recomputed with today's rules,
+    for a log written before them. Single decodes need the log's `batched` flag (logs since 0.2)."""
+    state = EngineState(trace, largest)
+    for c in log.calls:
+        state.admit(c.start)
+        state.iteration = c.iteration
+        work = Prefill(c.rids[0], c.tokens) if c.kind == "prefill" else Decode(c.rids, c.batched)
+        state.apply(work, c.start, c.end)
+    return state.log
