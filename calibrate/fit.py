@@ -145,11 +145,12 @@ def pick_tile(samples: list[dict], copy: tuple[float, float] = (0.0, 0.0)) -> in
 
 
 def _grid_points(step: str, samples: list[dict]) -> np.ndarray:
-    """(size, prefix or longest context, seconds) of the plain calls: the grid's prefills, and
-    decodes without copies, joins or singles."""
+    """(size, prefix or longest context, seconds) of the grid's points (medians over rounds), not
+    the engine runs' single timings; decodes without singles."""
+    grid = [s for s in samples if "source" not in s]
     if step == "prefill":
-        return np.array([[s["chunk"], s["prefix"], s["seconds"]] for s in samples if "source" not in s], float)
-    plain = [s for s in samples if not (s.get("written") or s.get("joined") or s.get("left") or _single(s))]
+        return np.array([[s["chunk"], s["prefix"], s["seconds"]] for s in grid], float)
+    plain = [s for s in grid if not _single(s)]
     return np.array([[s["batch"], _context_max(s), s["seconds"]] for s in plain], float)
 
 
@@ -189,7 +190,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     held_runs = [s for s in samples if s.get("source", "").startswith(HELD_OUT)]
     samples = [s for s in samples if not s.get("source", "").startswith(HELD_OUT)]
     by_step = {st: [s for s in samples if s["step"] == st] for st in ("decode", "prefill")}
-    forms, errors, copy, tile = {}, {}, (0.0, 0.0), None
+    forms, errors, copy, tile, choose = {}, {}, (0.0, 0.0), None, {}
     for step, pts in by_step.items():  # decode first: a prefill takes its KV copy cost as known
         if len(pts) < 4:
             raise ValueError(f"calibration has only {len(pts)} {step} points; need at least 4")
@@ -200,7 +201,10 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         for i, p in enumerate(pts):
             p["held_out"] = i in held
         e_form, e_grid = _held_out_errors(step, pts, [held], tile, copy)
-        cv_form, cv_grid = _held_out_errors(step, pts, _folds(sizes, random.Random(f"cv{seed}")), tile, copy)
+        folds = _folds(sizes, random.Random(f"cv{seed}"))
+        cv_form, cv_grid = _held_out_errors(step, pts, folds, tile, copy)
+        on_grid = np.array(["source" not in pts[i] for f in folds for i in sorted(f)])  # the grid's own points
+        choose[step] = float(cv_form[on_grid].mean()), float(cv_grid[on_grid].mean())
         errors[step] = {"held_out": len(held), "train": len(pts) - len(held),
                         "form_mean": float(e_form.mean()), "form_max": float(e_form.max()),
                         "grid_mean": float(e_grid.mean()), "grid_max": float(e_grid.max()),
@@ -210,8 +214,8 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
                         **({"tile": tile} if step == "prefill" else {})}
         forms[step] = fit_form(step, pts, tile, copy)  # the final fit uses every point
         copy = forms[step].copy, forms[step].fresh
-    use = "fit"
-    if any(e["cv_form_mean"] > TARGET and e["cv_grid_mean"] < e["cv_form_mean"] for e in errors.values()):
+    use = "fit"  # interpolation only where the form misses the grid's own points and interpolating does better
+    if any(form > TARGET and grid < form for form, grid in choose.values()):
         use = "grid"
     med = lambda st: statistics.median([s["seconds"] for s in samples if s["step"] == st] or [0.0])
     cost = {

@@ -2,8 +2,10 @@
 
 Kernels are fastest on aligned shapes (a chunk of a multiple of 16 rows here), and the engine
 mostly runs unaligned ones: real prompts, chunk remainders, batch sizes. So a grid times, besides
-the powers of two, chunk lengths spread over their range by a seeded low-discrepancy sequence,
-every batch size in range, and prefix lengths on both sides of mlx-lm's 256-token buffer steps.
+the powers of two, chunk lengths spread over their range by a seeded low-discrepancy sequence
+(and, in the quick grid, multiples of 8 that are not of 16, so the fit can tell those tiles
+apart), every batch size in range, and prefix lengths on both sides of mlx-lm's 256-token
+buffer steps.
 Joins, leaves and buffer growth are timed on the executor's own path, in short engine runs
 (`calibrate.replay`), not here.
 """
@@ -73,7 +75,7 @@ def key_of(p: dict) -> str:
 # Offsets on both sides of a 256-token step: a chunk from 250 grows the buffer, one from 262 not.
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256], offsets=[0, 250, 262, 700], batches=list(range(1, 9)),
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900]],
-             repeats=4, warmup=0, odd_chunks=spread(3, 250, 14), singles=[100, 333, 777])
+             repeats=4, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104, 200], singles=[100, 333, 777])
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 250, 262, 1024, 2048],
             batches=list(range(1, 17)), contexts=[64, 256, 1024, 2048],
             mixed=[[64, 2048], [128, 256, 512, 1024], [32] * 7 + [2048], [256, 1024, 1024, 2048, 64, 64]],

@@ -80,3 +80,31 @@ def test_kv_buffer_sizes_follow_mlx_lm_call_by_call(engine, setting):
 
     engine.run(trace, policies.make(**setting), on_call=check)
     assert any(seen)  # some calls grew or rebuilt a buffer
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_simulated_calls_write_the_buffers_the_real_ones_do(engine, setting):
+    """With every request at t=0 the policy's decisions do not depend on time, so the simulator
+    makes the real engine's calls: the same shapes, KV rows written and fresh memory, with the
+    process warmed by the same warm-up run first; and relogging the real log derives them again."""
+    from sim.costmodel import LinearCostModel
+    from sim.log import EventLog
+    from sim.replay import simulate, warmed
+    from sim.state import relog
+    trace, warm = tinyllm(5, 20, 280, 2, 12, seed=6, vocab=1024), tinyllm(2, 30, 60, 3, 3, seed=7, vocab=1024)
+    policy = policies.make(**setting)
+    engine.largest = 0
+    engine.run(warm, policy)
+    real = engine.run(trace, policy).log.calls
+    cost = LinearCostModel((1e-3, 1e-5, 1e-8), (1e-3, 1e-4, 1e-7), copy=1e-6, fresh=1e-6)
+    sim = simulate(trace, policy, cost, warmup=warm).calls
+    shape = lambda c: (c.kind, c.rids, c.tokens, c.prefix, c.contexts, c.joined, c.left, c.written, c.fresh, c.batched)
+    assert [shape(c) for c in sim] == [shape(c) for c in real]
+    assert any(c.written and not c.fresh for c in real)  # reused memory
+    if setting.get("decode") != "single":  # batch arrays outgrow the warm-up's: fresh memory
+        assert any(c.fresh for c in real)
+    bare = EventLog()
+    for c in real:  # a log from before KV buffers were logged
+        bare.add(c._replace(written=0, fresh=0))
+    again = relog(trace, bare, largest=warmed(warm, policy, cost))
+    assert [shape(c) for c in again.calls] == [shape(c) for c in real]

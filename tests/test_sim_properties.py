@@ -148,3 +148,20 @@ def test_pooled_inter_token_gaps_never_span_two_requests(emissions):
     log = EventLog(tokens={str(i): t for i, t in enumerate(emissions)})
     expected = [b - a for t in emissions for a, b in zip(t, t[1:])]
     assert inter_token_gaps(log).tolist() == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 600), st.integers(1, 40)), min_size=1, max_size=8),
+       st.sampled_from([{"policy": "chunked", "budget": 48}, {"policy": "eager", "batch_size": 3},
+                        {"policy": "fifo"}, {"policy": "chunked", "budget": 16, "decode": "single"}]))
+def test_kv_buffers_written_fresh_and_priced(reqs, setting):
+    """Every call writes a non-negative number of KV token-rows, of which at most all are fresh,
+    and each call's time includes exactly its copies (all at t=0: the same calls either way)."""
+    trace = Trace([Request(str(i), 0.0, p, o) for i, (p, o) in enumerate(reqs)])
+    cost = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-4, 1e-7), copy=1e-5, fresh=3e-5)
+    free = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-4, 1e-7))
+    log = simulate(trace, policies.make(**setting), cost, steady=False)
+    bare = simulate(trace, policies.make(**setting), free, steady=False)
+    assert all(0 <= c.fresh <= c.written for c in log.calls)
+    for c, b in zip(log.calls, bare.calls):
+        assert (c.end - c.start) == pytest.approx((b.end - b.start) + 1e-5 * c.written + 3e-5 * c.fresh)
