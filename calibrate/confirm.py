@@ -107,7 +107,8 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         warm, policy = warmup_trace(trace), policies.make(**s)
         predicted = score(simulate(trace, policy, cost, warmup=warm), stall_ms=stall_ms)
         mine = [r for r in runs if r["label"] == label]
-        logs = [_logged(r["log"], trace, warmed(warm, policy, cost)) for r in mine]
+        largest = warmed(warm, policy, cost)
+        logs = [_logged(r["log"], trace, largest) for r in mine]
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
         measured, errors = {}, {}

@@ -57,8 +57,7 @@ class EngineState:
         self.iteration = 0
         self.queued: dict[str, RequestState] = {}
         self.ready: dict[str, RequestState] = {}
-        self.batch: tuple[str, ...] = ()  # members of the batch decode cache after the last batched call
-        self.kv = KVBuffers(largest=largest)  # the KV caches' buffer sizes, as the real engine's grow and copy
+        self.kv = KVBuffers(largest=largest)  # the KV caches' buffers (and the batch cache's rows)
         self.finished = 0
         self.arrived = 0
         self.log = EventLog()
@@ -95,9 +94,9 @@ class EngineState:
 
     def batch_change(self, work: Decode) -> tuple[int, int]:
         """How many requests join and leave the batch cache if `work` runs next."""
-        if not work.batched or work.rids == self.batch:
+        if not work.batched or work.rids == self.kv.rows:
             return 0, 0
-        new, old = set(work.rids), set(self.batch)
+        new, old = set(work.rids), set(self.kv.rows)
         return len(new - old), len(old - new)
 
     def kv_rows(self, work: Work) -> tuple[int, int]:
@@ -186,8 +185,6 @@ class EngineState:
                 self.finished += 1
         self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, tuple(contexts),
                           joined, left, self.iteration, written, work.batched, fresh))
-        if work.batched:
-            self.batch = work.rids
 
     def apply_steady(self, work: list[Work], starts: list[list[float]], ends: list[list[float]]) -> None:
         """Record a stretch of identical iterations (`sim.steady`): call i of iteration j ran from
@@ -219,8 +216,6 @@ class EngineState:
                     del self.ready[s.req.id]
                     self.kv.finish(s.req.id)
                     self.finished += 1
-            if w.batched:
-                self.batch = w.rids
         self.log.add_stretch(Stretch(tuple(columns), self.iteration))
         self.iteration += steps - 1
         self.now = ends[-1][-1]

@@ -64,7 +64,7 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
             if w.batched:
                 kv = state.kv if w.rids == state.kv.rows else replace(state.kv, own=dict(state.kv.own))
                 if kv is not state.kv:
-                    kv.sync(w.rids, state.cached(w.rids))  # sizes only: its high-water mark is not used
+                    kv.sync(w.rids, state.cached(w.rids))  # on a copy: the sizes after the change
                 n = min(n, _fits(kv.cap, kv.idx, 1))
             else:
                 n = min([n] + [_fits(state.kv.own.get(r, 0), state.ready[r].context - 1, 1) for r in w.rids])
