@@ -87,7 +87,7 @@ class Form:
     tile: int = 0
     rem: list[float] = field(default_factory=lambda: [0.0, 0.0])
     copy: float = 0.0  # seconds per token-row of KV buffer written
-    fresh: float = 0.0  # more per such row beyond the run's high-water mark
+    fresh: float = 0.0  # more per such row in an array larger than any before (fresh memory)
     join: float = 0.0  # a call in which requests join the batch cache, besides its copies
     leave: float = 0.0
 

@@ -72,7 +72,7 @@ def batch_cache(master: Cache, contexts: list[int]) -> Cache:
     master. The executor's way there (a per-request cache each, a merge, and the first step
     regrowing the buffer) copies every row three times: 22 GB for 16 rows of 2,048 tokens of
     Qwen3-1.7B, most of a calibration's time, and the first step after a merge pays for the
-    regrowth (join and leave points time that)."""
+    regrowth (the engine runs of `calibrate.replay` time that)."""
     longest, step = max(contexts), BatchKVCache.step
     pads = [longest - c for c in contexts]
     out = []

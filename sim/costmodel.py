@@ -43,7 +43,7 @@ class ProfileError(ValueError):
 class CostModel(Protocol):
     iteration: float  # host work per scheduler iteration (policy, bookkeeping), seconds
     copy: float  # seconds per token-row of KV buffer a call allocates and fills (`sim.kvcache`)
-    fresh: float  # and per such row beyond the run's high-water mark: memory never held before
+    fresh: float  # and more per such row in an array larger than any before it (fresh memory)
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 
@@ -99,7 +99,7 @@ class LinearCostModel:
     decode_knot: float = float("inf")  # context where a row's attention slope goes from c to e
     decode_lone: float | None = None  # a single decode's attention per context token (None: a batch row's)
     copy: float = 0.0  # seconds per token-row of KV buffer allocated and filled in a call
-    fresh: float = 0.0  # more per token-row of it beyond the run's high-water mark (fresh pages)
+    fresh: float = 0.0  # more per token-row of it in arrays larger than any before (fresh pages)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, float] = (0.0, 0.0)  # their cost: once if any, and per row
 

@@ -28,7 +28,7 @@ class Call(NamedTuple):
     iteration: int = 0
     written: int = 0  # token-rows of KV buffer the call allocated and filled (`sim.kvcache`)
     batched: bool = True  # decode: one call on the batch cache, or on the request's own cache
-    fresh: int = 0  # of `written`, token-rows beyond the run's high-water mark of KV memory
+    fresh: int = 0  # of `written`, token-rows in arrays larger than any before (fresh memory)
 
 
 @dataclass(frozen=True)
