@@ -246,10 +246,9 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
 
 def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:
     """Calls of engine runs the fit has not seen, priced: predicted/measured by kind and size."""
-    ratios = []
-    for s in calls:
-        pred = _predict(forms[s["step"]].model(), s["step"], [s])[0]
-        ratios.append((s["call"], s["bucket"], float(pred / s["seconds"])))
+    models = {step: form.model() for step, form in forms.items()}
+    ratios = [(s["call"], s["bucket"], float(_predict(models[s["step"]], s["step"], [s])[0] / s["seconds"]))
+              for s in calls]
     d = forms["decode"]
     copy = sum(d.copy * s.get("written", 0) + d.fresh * s.get("fresh", 0) for s in calls)
     return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),

@@ -42,15 +42,22 @@ def size_bucket(kind: str, tokens: int) -> str:
     return f"{span} {'aligned' if tokens % TILE == 0 else 'unaligned'}"
 
 
+def price(cost: CostModel, kind: str, tokens: int, prefix: int, contexts, batched: bool, joined: int, left: int,
+          written: int, fresh: int) -> float:
+    """Seconds the cost model gives a call of this shape: the one pricing both executors' calls
+    share, whether the call is about to run (`sim.steady.call_cost`) or was logged (`price_call`)."""
+    t = cost.copy * written + cost.fresh * fresh
+    if kind == "prefill":
+        return t + cost.prefill(tokens, prefix)
+    t += cost.decode(contexts, not batched)
+    if joined or left:
+        t += cost.membership(joined, left, contexts)
+    return t
+
+
 def price_call(cost: CostModel, c: Call) -> float:
     """Seconds the cost model gives a logged call, from its logged shape alone."""
-    t = cost.copy * c.written + cost.fresh * c.fresh
-    if c.kind == "prefill":
-        return t + cost.prefill(c.tokens, c.prefix)
-    t += cost.decode(c.contexts, not c.batched)
-    if c.joined or c.left:
-        t += cost.membership(c.joined, c.left, c.contexts)
-    return t
+    return price(cost, c.kind, c.tokens, c.prefix, c.contexts, c.batched, c.joined, c.left, c.written, c.fresh)
 
 
 def call_ratios(logs: list[EventLog], cost: CostModel) -> list[tuple[str, str, float]]:

@@ -18,21 +18,22 @@ from itertools import accumulate, chain
 
 from sim.costmodel import CostModel
 from sim.kvcache import write
+from sim.residuals import price
 from sim.state import EngineState
 from sim.work import Decode, Prefill, Work
 
 
 def call_cost(cost: CostModel, state: EngineState, work: Work) -> float:
-    """Seconds that `work` takes on the modelled engine, from the shapes the state gives it."""
+    """Seconds that `work` takes on the modelled engine, from the shapes the state gives it,
+    priced as its logged call would be (`sim.residuals.price`)."""
     try:
         written, fresh = state.kv_rows(work)
-        t = cost.copy * written + cost.fresh * fresh if written else 0.0
         if isinstance(work, Prefill):
-            return t + cost.prefill(work.tokens, state.queued[work.rid].prefilled)
-        joined, left = state.batch_change(work)
+            return price(cost, "prefill", work.tokens, state.queued[work.rid].prefilled, (), True, 0, 0,
+                         written, fresh)
         contexts = [state.ready[rid].context for rid in work.rids]
-        t += cost.decode(contexts, not work.batched)
-        return t + cost.membership(joined, left, contexts) if joined or left else t
+        return price(cost, "decode", len(contexts), 0, contexts, work.batched, *state.batch_change(work),
+                     written, fresh)
     except (KeyError, AttributeError):
         state.check(work)  # raises EngineError saying what the policy got wrong
         raise
