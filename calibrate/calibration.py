@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from itertools import zip_longest
 from pathlib import Path
 
 from calibrate.cmd_calibrate import default_profile_path, stamp
@@ -12,7 +13,7 @@ from calibrate.grid import Grid
 from calibrate.host import host_info
 from calibrate.model import LoadedModel, build_as_profiled, build_model
 from calibrate.profiler import merge, run_grid
-from calibrate.replay import between_calls_share, run_workloads, samples_from_log, workloads
+from calibrate.replay import Workload, between_calls_share, run_workloads, samples_from_log, workloads
 from sim.costmodel import load_profile
 from sim.log import EventLog
 from sim.errors import UserError
@@ -33,8 +34,11 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
               "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine"}
     partial = out.with_name(out.name + ".partial.jsonl")
-    samples = run_grid(lm, grid, partial, header, seed=seed, progress=progress)
-    logs = engine_runs(lm, grid, partial, progress)
+    runs = EngineRuns(lm, workloads(max(grid.batches), max(grid.chunks) + max(grid.chunks) // 4, lm.vocab_size),
+                      partial, progress)
+    after = runs.schedule(grid.repeats)
+    samples = run_grid(lm, grid, partial, header, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
+    logs = runs.logs()
     samples += [s for w, log in logs["train"] for s in samples_from_log(log, f"engine:{w}")]
     samples += [s for w, log in logs["held_out"] for s in samples_from_log(log, HELD_OUT + w)]
     fitted = fit_profile(samples, seed=seed)
@@ -58,27 +62,46 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     return prof
 
 
-def engine_runs(lm: LoadedModel, grid: Grid, partial: Path, progress: bool = True) -> dict[str, list[tuple[str, EventLog]]]:
-    """The calibration's engine workloads (`calibrate.replay`), each run once; a finished run's log
-    is kept in the partial file, so an interrupted calibration does not run it again."""
-    loads = workloads(max(grid.batches), max(grid.chunks) + max(grid.chunks) // 4, lm.vocab_size)
-    done = {}
-    for line in partial.read_text().splitlines()[1:]:
-        try:
-            row = json.loads(line)
-            done[row["workload"]] = EventLog.from_dict(row["log"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):  # grid lines, or one cut short
-            continue
-    todo = [w for ws in loads.values() for w in ws if w.name not in done]
-    model = {"name": lm.name, "dtype": lm.dtype, "quant_bits": lm.quant_bits, "weights": lm.source}
-    folder = partial.with_name(partial.name + ".runs")
-    with open(partial, "a") as f:
-        for w, log in zip(todo, run_workloads(model, todo, folder, progress)):  # each saved as it ends
-            done[w.name] = log
-            f.write(json.dumps({"workload": w.name, "log": done[w.name].to_dict()}) + "\n")
-            f.flush()
-    shutil.rmtree(folder, ignore_errors=True)
-    return {part: [(w.name, done[w.name]) for w in ws] for part, ws in loads.items()}
+class EngineRuns:
+    """The calibration's engine workloads (`calibrate.replay`), each run once, between the grid's
+    rounds: the machine's speed drifts over minutes, and runs timed after the whole grid would
+    see another machine than the grid did. A finished run's log is kept in the partial file, so
+    an interrupted calibration does not run it again."""
+
+    def __init__(self, lm: LoadedModel, loads: dict[str, list[Workload]], partial: Path, progress: bool = True):
+        self.loads, self.partial, self.progress = loads, partial, progress
+        self.model = {"name": lm.name, "dtype": lm.dtype, "quant_bits": lm.quant_bits, "weights": lm.source}
+        self.done: dict[str, EventLog] = {}
+
+    def schedule(self, rounds: int) -> list[list[Workload]]:
+        """Which workloads run after each round: train and held-out ones alternating, spread evenly."""
+        parts = list(self.loads.values())
+        order = [w for group in zip_longest(*parts) for w in group if w is not None]
+        return [order[len(order) * r // rounds:len(order) * (r + 1) // rounds] for r in range(rounds)]
+
+    def run(self, loads: list[Workload]) -> None:
+        self._read()
+        todo = [w for w in loads if w.name not in self.done]
+        folder = self.partial.with_name(self.partial.name + ".runs")
+        with open(self.partial, "a") as f:
+            for w, log in zip(todo, run_workloads(self.model, todo, folder, self.progress)):  # each saved as it ends
+                self.done[w.name] = log
+                f.write(json.dumps({"workload": w.name, "log": log.to_dict()}) + "\n")
+                f.flush()
+
+    def logs(self) -> dict[str, list[tuple[str, EventLog]]]:
+        """Every workload's log (running any not run yet), by part (train, held_out)."""
+        self.run([w for ws in self.loads.values() for w in ws])
+        shutil.rmtree(self.partial.with_name(self.partial.name + ".runs"), ignore_errors=True)
+        return {part: [(w.name, self.done[w.name]) for w in ws] for part, ws in self.loads.items()}
+
+    def _read(self) -> None:
+        for line in self.partial.read_text().splitlines()[1:]:
+            try:
+                row = json.loads(line)
+                self.done.setdefault(row["workload"], EventLog.from_dict(row["log"]))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):  # grid lines, or one cut short
+                continue
 
 
 def refit(source: Path, out: Path, seed: int = 0, overwrite: bool = False) -> dict:

@@ -99,12 +99,13 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
           f"BLAS: {prof['device']['blas']}")
     print(f"grid {grid_name}: {len(prof['samples'])} points in {wall:.0f} s")
     for step, e in prof["fit"]["errors"].items():
+        grid = lambda k: f"; grid interpolation mean {e[k + '_mean']:.1%} max {e[k + '_max']:.1%}" if k + "_mean" in e else ""
         print(f"  {step:8s} held-out relative error ({e['held_out']} points): form mean {e['form_mean']:.1%} "
-              f"max {e['form_max']:.1%}; grid interpolation mean {e['grid_mean']:.1%} max {e['grid_max']:.1%}")
+              f"max {e['form_max']:.1%}{grid('grid')}")
         if "cv_form_mean" in e:
             print(f"  {'':8s} cross-validated ({e['held_out'] + e['train']} points, {e['cv_folds']} folds): "
-                  f"form mean {e['cv_form_mean']:.1%} max {e['cv_form_max']:.1%}; grid interpolation mean "
-                  f"{e['cv_grid_mean']:.1%} max {e['cv_grid_max']:.1%}; repeat noise {e['repeat_noise']:.1%}")
+                  f"form mean {e['cv_form_mean']:.1%} max {e['cv_form_max']:.1%}{grid('cv_grid')}; "
+                  f"repeat noise {e['repeat_noise']:.1%}" + (f"; uses the {e['use']}" if "use" in e else ""))
     c = prof["cost"]
     d, pf = c["decode"], c["prefill"]
     slopes = f"{d['coef'][2] * 1e6:.2f} us per row-token"
@@ -119,7 +120,8 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
     per = lambda abc: f"{abc[0] * 1e3:.1f} ms" + (f" + {abc[1] * 1e3:.1f} ms/row + {abc[2] * 1e6:.1f} us/row-token"
                                                   if abc[1] or abc[2] else "")
     print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms; KV buffer written {c.get('copy', 0) * 1e6:.1f} us "
-          f"per token-row; batch join {per(c['join'])}; leave {per(c['leave'])}; the profile uses: {c['use']}")
+          f"per token-row (fresh: {c.get('fresh', 0) * 1e6:.1f} us more); batch join {per(c['join'])}; "
+          f"leave {per(c['leave'])}")
     if "replay" in prof["fit"]:
         report_replay(prof["fit"]["replay"])
     print(f"wrote {prof['_path']}")

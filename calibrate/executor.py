@@ -67,15 +67,16 @@ class RealEngine:
             for item in work:
                 state.check(item)
                 start = clock()
-                self._run(item, state)
-                state.apply(item, start, clock())
+                synced = self._run(item, state, clock)
+                state.apply(item, start, clock(), synced)
                 self._free_finished(item, state)
                 if on_call:
                     on_call(state)
         self.largest = state.kv.largest
         return RealRun(state.log, self.outputs, idle)
 
-    def _run(self, work: Work, state: EngineState) -> None:
+    def _run(self, work: Work, state: EngineState, clock) -> float | None:
+        """Run one call; for a batched decode, the clock when the batch cache's sync ended."""
         if isinstance(work, Prefill):
             s = state.queued[work.rid]
             cache = self.caches.setdefault(work.rid, new_cache(self.lm))
@@ -83,11 +84,13 @@ class RealEngine:
             token, _ = prefill_chunk(self.lm, cache, chunk)
             if work.tokens == s.prefill_left:  # the last chunk gives the first token
                 self.outputs[work.rid].append(token)
-            return
+            return None
         assert isinstance(work, Decode)
         last = [self.outputs[rid][-1] for rid in work.rids]
+        synced = None
         if work.batched:
             self.batch.sync(list(work.rids), self.caches)
+            synced = clock()
             tokens = self.batch.step(last)
         else:
             if any(rid in self.batch.ids for rid in work.rids):  # take it out of the batch cache first
@@ -95,6 +98,7 @@ class RealEngine:
             tokens = [decode_one(self.lm, self.caches[rid], tok) for rid, tok in zip(work.rids, last)]
         for rid, tok in zip(work.rids, tokens):
             self.outputs[rid].append(tok)
+        return synced
 
     def _free_finished(self, work: Work, state: EngineState) -> None:
         """Drop finished requests' own caches (the batch filters them out at its next change)."""

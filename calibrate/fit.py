@@ -29,7 +29,7 @@ TILES = (0, 8, 16, 32)  # prefill tile candidates (0: none), chosen by cross-val
 
 
 def _size(step: str, s: dict) -> int:
-    """What the dense layers' cost depends on: rows through the weights."""
+    """What the dense layers' cost depends on: rows through the weights (a sync: the batch's rows)."""
     return s["chunk"] if step == "prefill" else s["batch"]
 
 
@@ -74,11 +74,25 @@ def knot_of(samples: list[dict]) -> float:
     return float(mid) if xs and xs[-1] >= 1.5 * mid else np.inf
 
 
+@dataclass(frozen=True)
+class Copies:
+    """What rebuilding KV buffers costs: seconds per token-row written and, more, per fresh one;
+    a constant per sync in which requests join (leave) the batch cache."""
+    copy: float = 0.0
+    fresh: float = 0.0
+    join: float = 0.0
+    leave: float = 0.0
+
+    def of(self, s: dict) -> float:
+        return (self.copy * s.get("written", 0) + self.fresh * s.get("fresh", 0)
+                + self.join * (s.get("joined", 0) > 0) + self.leave * (s.get("left", 0) > 0))
+
+
 @dataclass
 class Form:
     """A fitted form: coef [a, b, c, d] for prefill and [a, b, c(, e)] for decode, a = b = 0 since
     the measured dense curve replaces a + b*n; the decode knot (inf: one slope), single slope,
-    the prefill tile and remainder, and (decode) the KV copy, join and leave costs."""
+    the prefill tile and remainder, and the KV copies' prices (`Copies`)."""
     step: str
     coef: list[float]
     dense: list[list[float]]
@@ -86,61 +100,79 @@ class Form:
     lone: float | None = None  # single decode: seconds per context token (None: as a batch row)
     tile: int = 0
     rem: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    copy: float = 0.0  # seconds per token-row of KV buffer written
-    fresh: float = 0.0  # more per such row in an array larger than any before (fresh memory)
-    join: float = 0.0  # a call in which requests join the batch cache, besides its copies
-    leave: float = 0.0
+    copies: Copies = Copies()
 
     def model(self) -> LinearCostModel:
-        curve = Curve.from_pairs(self.dense)
+        curve, k = Curve.from_pairs(self.dense), self.copies
         if self.step == "prefill":
             return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve, prefill_tile=self.tile,
-                                   prefill_rem=tuple(self.rem), copy=self.copy, fresh=self.fresh)
+                                   prefill_rem=tuple(self.rem), copy=k.copy, fresh=k.fresh)
         return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot,
-                               decode_lone=self.lone, copy=self.copy, fresh=self.fresh, join=(self.join, 0.0, 0.0),
-                               leave=(self.leave, 0.0, 0.0))
+                               decode_lone=self.lone, copy=k.copy, fresh=k.fresh, join=(k.join, 0.0, 0.0),
+                               leave=(k.leave, 0.0, 0.0))
 
 
-def fit_form(step: str, samples: list[dict], tile: int | None = None, copy: tuple[float, float] = (0.0, 0.0)) -> Form:
+def _copy_terms(s: dict) -> list[float]:
+    return [s.get("written", 0), s.get("fresh", 0), float(s.get("joined", 0) > 0), float(s.get("left", 0) > 0)]
+
+
+def _nnls(X: np.ndarray, y: np.ndarray, y_fit: np.ndarray) -> np.ndarray:
+    """Non-negative least squares on relative error (rows divided by the measured time); a term
+    no sample exercises stays 0."""
+    used = np.abs(X).sum(axis=0) > 0
+    x = np.zeros(X.shape[1])
+    if used.any():
+        x[used] = lsq_linear(X[:, used] / y[:, None], y_fit / y, bounds=(0, np.inf)).x
+    return x
+
+
+def fit_copies(samples: list[dict]) -> Copies:
+    """The price of the batch cache's rebuilds, from sync calls timed on their own: per token-row
+    written and fresh, and a constant per join and per leave."""
+    X = np.array([_copy_terms(s) for s in samples])
+    y = np.array([s["seconds"] for s in samples])
+    return Copies(*map(float, _nnls(X, y, y)))
+
+
+def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Copies | None = None) -> Form:
     """Non-negative least squares on relative error, over a hat basis for dense(n), the attention
-    terms and (prefill) a tile's remainder, (decode) KV buffers written and fresh, batch joins and
-    leaves. A prefill is fitted with the decode's `copy` costs (written, fresh) taken as known: its
-    chunks write buffers only at 256-token steps, too rarely to tell the two apart."""
+    terms and (prefill) a tile's remainder. The KV copies' prices are known (`copies`, fitted on
+    the sync calls; a prefill's chunks write buffers only at 256-token steps, too rarely to tell
+    the terms apart) or, for decode samples from before syncs were timed apart, fitted with the
+    form (`copies` None)."""
+    if step == "sync":
+        return Form("sync", [0.0, 0.0, 0.0], [], copies=fit_copies(samples))
     sizes = sorted({_size(step, s) for s in samples})
     if step == "prefill" and tile is None:
-        tile = pick_tile(samples, copy)
+        tile = pick_tile(samples, copies or Copies())
     tile = tile or 0
     knots = _knots(sizes, tile)
     knot = knot_of(samples) if step == "decode" else np.inf
     lone = step == "decode" and any(_single(s) for s in samples) and len(sizes) > 1
     hats = [Curve(tuple(knots), tuple(float(i == k) for i in range(len(knots)))) for k in range(len(knots))]
-    extra = (lambda s: _remainder(s["chunk"], tile)) if step == "prefill" else (
-        lambda s: [s.get("written", 0), s.get("fresh", 0), float(s.get("joined", 0) > 0), float(s.get("left", 0) > 0)])
+    if step == "prefill":
+        extra = lambda s: _remainder(s["chunk"], tile)
+    else:
+        extra = (lambda s: []) if copies is not None else _copy_terms
     X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s, knot, lone) + extra(s) for s in samples])
     y = np.array([s["seconds"] for s in samples])
-    if step == "prefill":
-        y_fit = y - np.array([copy[0] * s.get("written", 0) + copy[1] * s.get("fresh", 0) for s in samples])
-    else:
-        y_fit = y
-    used = np.abs(X).sum(axis=0) > 0  # a term no sample exercises stays 0
-    res = lsq_linear(X[:, used] / y[:, None], y_fit / y, bounds=(0, np.inf))
-    x = np.zeros(X.shape[1])
-    x[used] = res.x
+    known = copies or Copies()
+    x = _nnls(X, y, y - np.array([known.of(s) for s in samples]))
     dense = [[float(n), float(v)] for n, v in zip(knots, x)]
     n_att = len(_attention(step, samples[0], knot, lone))
     att = [float(c) for c in x[len(knots):len(knots) + n_att]]
     more = [float(c) for c in x[len(knots) + n_att:]]
     if step == "prefill":
-        return Form(step, [0.0, 0.0] + att, dense, tile=tile, rem=more or [0.0, 0.0], copy=copy[0], fresh=copy[1])
+        return Form(step, [0.0, 0.0] + att, dense, tile=tile, rem=more or [0.0, 0.0], copies=known)
     return Form(step, [0.0, 0.0] + att[:len(att) - lone], dense, knot, att[-1] if lone else None,
-                copy=more[0], fresh=more[1], join=more[2], leave=more[3])
+                copies=copies if copies is not None else Copies(*more))
 
 
-def pick_tile(samples: list[dict], copy: tuple[float, float] = (0.0, 0.0)) -> int:
+def pick_tile(samples: list[dict], copies: Copies = Copies()) -> int:
     """The prefill tile whose form cross-validates best (0: a plain curve through every size)."""
     sizes = [s["chunk"] for s in samples]
     folds = _folds(sizes, random.Random("tile"))
-    errs = {t: float(_held_out_errors("prefill", samples, folds, tile=t, copy=copy)[0].mean()) for t in TILES}
+    errs = {t: float(_held_out_errors("prefill", samples, folds, tile=t, copies=copies)[0].mean()) for t in TILES}
     return min(errs, key=errs.get)
 
 
@@ -164,9 +196,10 @@ def _predict(model, step: str, samples: list[dict]) -> np.ndarray:
     copy = np.array([model.copy * s.get("written", 0) + model.fresh * s.get("fresh", 0) for s in samples])
     if step == "prefill":
         return copy + np.array([model.prefill(s["chunk"], s["prefix"]) for s in samples])
-    return copy + np.array([model.decode(_contexts(s), _single(s))
-                            + model.membership(s.get("joined", 0), s.get("left", 0), _contexts(s))
-                            for s in samples])
+    member = np.array([model.membership(s.get("joined", 0), s.get("left", 0), _contexts(s)) for s in samples])
+    if step == "sync":
+        return copy + member
+    return copy + member + np.array([model.decode(_contexts(s), _single(s)) for s in samples])
 
 
 def _contexts(s: dict) -> list[float]:
@@ -186,71 +219,91 @@ HELD_OUT = "held-out:"  # the source of engine-run calls that are never fitted, 
 
 def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     """The profile's `cost` and `fit` sections; marks held-out samples and fills in `fitted`.
-    Calls of held-out engine runs are not fitted: `fit.replay` prices them, by call kind."""
+    Calls of held-out engine runs are not fitted: `fit.replay` prices them, by call kind.
+
+    Syncs first (the batch cache's rebuilds, timed on their own in the engine runs): they price a
+    KV token-row written and fresh, which the decode and prefill fits then take as known.
+    Profiles from before syncs were timed apart fit those prices with the decode form."""
     held_runs = [s for s in samples if s.get("source", "").startswith(HELD_OUT)]
     samples = [s for s in samples if not s.get("source", "").startswith(HELD_OUT)]
-    by_step = {st: [s for s in samples if s["step"] == st] for st in ("decode", "prefill")}
-    forms, errors, copy, tile, choose = {}, {}, (0.0, 0.0), None, {}
-    for step, pts in by_step.items():  # decode first: a prefill takes its KV copy cost as known
+    by_step = {st: [s for s in samples if s["step"] == st] for st in ("sync", "decode", "prefill")}
+    if not by_step["sync"]:
+        del by_step["sync"]
+    forms, errors, uses, copies = {}, {}, {}, None
+    for step, pts in by_step.items():
         if len(pts) < 4:
             raise ValueError(f"calibration has only {len(pts)} {step} points; need at least 4")
-        if step == "prefill":
-            tile = pick_tile(pts, copy)
+        tile = pick_tile(pts, copies or Copies()) if step == "prefill" else None
         sizes = [_size(step, p) for p in pts]
         held = _folds(sizes, random.Random(f"{seed}/{step}"))[0]  # a quarter, every size represented
         for i, p in enumerate(pts):
             p["held_out"] = i in held
-        e_form, e_grid = _held_out_errors(step, pts, [held], tile, copy)
+        e_form, e_grid = _held_out_errors(step, pts, [held], tile, copies)
         folds = _folds(sizes, random.Random(f"cv{seed}"))
-        cv_form, cv_grid = _held_out_errors(step, pts, folds, tile, copy)
-        on_grid = np.array(["source" not in pts[i] for f in folds for i in sorted(f)])  # the grid's own points
-        choose[step] = float(cv_form[on_grid].mean()), float(cv_grid[on_grid].mean())
+        cv_form, cv_grid = _held_out_errors(step, pts, folds, tile, copies)
         errors[step] = {"held_out": len(held), "train": len(pts) - len(held),
                         "form_mean": float(e_form.mean()), "form_max": float(e_form.max()),
-                        "grid_mean": float(e_grid.mean()), "grid_max": float(e_grid.max()),
                         "cv_folds": FOLDS, "cv_form_mean": float(cv_form.mean()), "cv_form_max": float(cv_form.max()),
-                        "cv_grid_mean": float(cv_grid.mean()), "cv_grid_max": float(cv_grid.max()),
-                        "repeat_noise": repeat_noise(pts),
-                        **({"tile": tile} if step == "prefill" else {})}
-        forms[step] = fit_form(step, pts, tile, copy)  # the final fit uses every point
-        copy = forms[step].copy, forms[step].fresh
-    use = "fit"  # interpolation only where the form misses the grid's own points and interpolating does better
-    if any(form > TARGET and grid < form for form, grid in choose.values()):
-        use = "grid"
+                        "repeat_noise": repeat_noise(pts)}
+        if step != "sync":
+            order = [pts[i] for f in folds for i in sorted(f)]  # the samples in cv_form's order
+            uses[step] = _choose(order, cv_form, cv_grid)
+            errors[step].update({"grid_mean": float(e_grid.mean()), "grid_max": float(e_grid.max()),
+                                 "cv_grid_mean": float(cv_grid.mean()), "cv_grid_max": float(cv_grid.max()),
+                                 "use": uses[step], **({"tile": tile} if step == "prefill" else {})})
+        forms[step] = fit_form(step, pts, tile, copies)  # the final fit uses every point
+        copies = forms[step].copies
     med = lambda st: statistics.median([s["seconds"] for s in samples if s["step"] == st] or [0.0])
+    pf, dc = forms["prefill"], forms["decode"]
     cost = {
-        "use": use,
-        "prefill": {"form": PREFILL_FORM, "coef": forms["prefill"].coef, "dense": forms["prefill"].dense,
-                    **({"tile": tile, "remainder": forms["prefill"].rem} if tile else {}),
+        "use": "grid" if "grid" in uses.values() else "fit",  # read by older pdsim; the steps' `use` decide
+        "prefill": {"form": PREFILL_FORM, "coef": pf.coef, "dense": pf.dense, "use": uses["prefill"],
+                    **({"tile": pf.tile, "remainder": pf.rem} if pf.tile else {}),
                     "grid": _grid_points("prefill", by_step["prefill"]).tolist()},
-        "decode": {"form": DECODE_FORM, "coef": forms["decode"].coef, "dense": forms["decode"].dense,
-                   **({"knot": forms["decode"].knot} if forms["decode"].knot < np.inf else {}),
-                   **({"lone": forms["decode"].lone} if forms["decode"].lone is not None else {}),
+        "decode": {"form": DECODE_FORM, "coef": dc.coef, "dense": dc.dense, "use": uses["decode"],
+                   **({"knot": dc.knot} if dc.knot < np.inf else {}),
+                   **({"lone": dc.lone} if dc.lone is not None else {}),
                    "grid": _grid_points("decode", by_step["decode"]).tolist()},
         "iteration": med("overhead"),
-        "copy": forms["decode"].copy,
-        "fresh": forms["decode"].fresh,
-        # calls where requests join or leave the batch cache, besides their copies (profiles before
+        "copy": copies.copy,
+        "fresh": copies.fresh,
+        # syncs in which requests join or leave the batch cache, besides their copies (profiles before
         # `copy` timed these as steps of their own: a + b*batch + c*batch*max(context))
-        "join": fit_copy([s for s in samples if s["step"] == "join"]) or [forms["decode"].join, 0.0, 0.0],
-        "leave": fit_copy([s for s in samples if s["step"] == "leave"]) or [forms["decode"].leave, 0.0, 0.0],
+        "join": fit_copy([s for s in samples if s["step"] == "join"]) or [copies.join, 0.0, 0.0],
+        "leave": fit_copy([s for s in samples if s["step"] == "leave"]) or [copies.leave, 0.0, 0.0],
     }
     for step, pts in by_step.items():
         for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
             p["fitted"] = float(f)
-    fit = {"errors": errors, "target": TARGET, "uses": use}
+    fit = {"errors": errors, "target": TARGET, "uses": cost["use"]}
     if held_runs:
         fit["replay"] = replay_errors(held_runs, forms)
     return {"cost": cost, "fit": fit}
 
 
+ENGINE_CHOICE = 8  # engine-run samples needed to choose form or grid on them
+
+
+def _choose(samples: list[dict], cv_form: np.ndarray, cv_grid: np.ndarray) -> str:
+    """"grid" where interpolating predicts better than the form, each sample held out in turn:
+    judged on the calls the engine runs made (unaligned chunks, joins, growth), which the grid's
+    aligned points cannot show; profiles without engine runs judge on the grid's points, and
+    interpolate only where the form misses the target there."""
+    engine = np.array(["source" in s for s in samples])
+    if engine.sum() >= ENGINE_CHOICE:
+        return "grid" if cv_grid[engine].mean() < cv_form[engine].mean() else "fit"
+    form, grid = cv_form[~engine].mean(), cv_grid[~engine].mean()
+    return "grid" if form > TARGET and grid < form else "fit"
+
+
 def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:
     """Calls of engine runs the fit has not seen, priced: predicted/measured by kind and size."""
     models = {step: form.model() for step, form in forms.items()}
+    models.setdefault("sync", models["decode"])  # a profile without sync samples prices them as its decodes' copies
     ratios = [(s["call"], s["bucket"], float(_predict(models[s["step"]], s["step"], [s])[0] / s["seconds"]))
               for s in calls]
-    d = forms["decode"]
-    copy = sum(d.copy * s.get("written", 0) + d.fresh * s.get("fresh", 0) for s in calls)
+    k = forms["decode"].copies
+    copy = sum(k.copy * s.get("written", 0) + k.fresh * s.get("fresh", 0) for s in calls)
     return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
             "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0)}
 
@@ -266,16 +319,16 @@ def _folds(sizes: list[int], rng: random.Random) -> list[set[int]]:
 
 
 def _held_out_errors(step: str, pts: list[dict], tests: list[set[int]], tile: int | None = None,
-                     copy: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, np.ndarray]:
+                     copies: Copies | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Relative errors (form, grid interpolation) on each test set, each predicted by a fit of
-    the other points only."""
+    the other points only (syncs have no grid: the form's errors twice)."""
     e_form, e_grid = [], []
     for held in tests:
         train = [p for i, p in enumerate(pts) if i not in held]
         test = [p for i, p in enumerate(pts) if i in held]
-        lin = fit_form(step, train, tile, copy).model()
+        lin = fit_form(step, train, tile, copies).model()
         e_form.append(_rel_errors(_predict(lin, step, test), test))
-        e_grid.append(_rel_errors(_predict(_grid_model(step, lin, train), step, test), test))
+        e_grid.append(e_form[-1] if step == "sync" else _rel_errors(_predict(_grid_model(step, lin, train), step, test), test))
     return np.concatenate(e_form), np.concatenate(e_grid)
 
 

@@ -13,6 +13,7 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
@@ -159,33 +160,39 @@ ONCE = {"overhead"}  # steps timed in a run's first round only: the host overhea
 
 
 def run_grid(lm: LoadedModel, grid: Grid, partial: Path, header: dict, seed: int = 0, progress: bool = True,
-             rounds: range | None = None, keys: set[str] | None = None) -> list[dict]:
+             rounds: range | None = None, keys: set[str] | None = None,
+             after_round: Callable[[int], None] | None = None) -> list[dict]:
     """Time every grid point (or those in `keys`) once per round, each round in its own shuffled order.
 
     Rounds, not back-to-back repeats: this VM drifts by ~10% over minutes, and repeats timed
     together would carry the drift of their moment into one point's median; across rounds it
-    spreads over every point. Each (point, round) is appended to `partial` as it finishes, so an
-    interrupted run resumes where it stopped.
+    spreads over every point. `after_round(r)` runs when round r is done (the calibration's engine
+    runs, so they share the rounds' minutes). Each (point, round) is appended to `partial` as it
+    finishes, so an interrupted run resumes where it stopped.
     """
     rounds = rounds if rounds is not None else range(grid.repeats)
     points = [p for p in grid.points() if keys is None or p["key"] in keys]
     done = _read_partial(partial, header)
-    todo = []
+    todo: dict[int, list[dict]] = {}
     for r in rounds:
         order = list(points)
         random.Random(f"{seed}/{r}").shuffle(order)
-        todo += [(r, p) for p in order if (p["key"], r) not in done and (r == rounds[0] or p["step"] not in ONCE)]
+        todo[r] = [p for p in order if (p["key"], r) not in done and (r == rounds[0] or p["step"] not in ONCE)]
     visited: set[str] = set()  # warm-up is per process: a resumed run warms each point again
     prof = Profiler(lm, grid)
-    total = len(todo) + len(done)
-    with open(partial, "a") as f:
-        for r, p in tqdm(todo, desc="calibrating", unit="pt", disable=not progress,
-                         initial=total - len(todo), total=total):
-            s = dict(prof.measure(p, first_visit=p["key"] not in visited), round=r)
-            visited.add(p["key"])
-            done[p["key"], r] = s
-            f.write(json.dumps(s) + "\n")
-            f.flush()
+    left = sum(map(len, todo.values()))
+    with open(partial, "a") as f, tqdm(desc="calibrating", unit="pt", disable=not progress,
+                                       initial=len(done), total=len(done) + left) as bar:
+        for r in rounds:
+            for p in todo[r]:
+                s = dict(prof.measure(p, first_visit=p["key"] not in visited), round=r)
+                visited.add(p["key"])
+                done[p["key"], r] = s
+                f.write(json.dumps(s) + "\n")
+                f.flush()
+                bar.update()
+            if after_round:
+                after_round(r)
     return [combine([done[p["key"], r] for r in rounds if (p["key"], r) in done]) for p in points]
 
 

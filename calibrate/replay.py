@@ -10,6 +10,7 @@ says per call kind how well the fitted model prices the calls a real run makes.
 from __future__ import annotations
 
 import random
+import time
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,8 @@ def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bo
     are (a process that timed the grid has touched gigabytes: its joins would never meet fresh
     memory); yield the log of each timed run as it finishes. `model`: the worker's model spec."""
     folder.mkdir(parents=True, exist_ok=True)
-    for w in tqdm(loads, desc="engine runs", unit="run", disable=not progress):
+    for w in loads:
+        t0 = time.perf_counter()
         trace = folder / f"{w.name}.trace.jsonl"
         w.trace.save_jsonl(trace)
         try:
@@ -71,7 +73,10 @@ def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bo
                             folder / f"{w.name}.json")
         except RunFailed as e:
             raise UserError(f"engine run {w.name} failed: {e}") from None
-        yield EventLog.from_dict(out["log"])
+        log = EventLog.from_dict(out["log"])
+        if progress:  # a line, not a bar: these run between the grid's rounds, under its bar
+            tqdm.write(f"engine run {w.name}: {log.call_count} calls, {time.perf_counter() - t0:.0f} s")
+        yield log
 
 
 def samples_from_log(log: EventLog, source: str) -> list[dict]:
@@ -85,8 +90,8 @@ def call_sample(c: Call, source: str) -> dict:
          "written": c.written, "fresh": c.fresh}
     if c.kind == "prefill":
         return dict(s, step="prefill", chunk=c.tokens, prefix=c.prefix, batch=1)
-    return dict(s, step="decode", batch=c.tokens, contexts=list(c.contexts), context_max=max(c.contexts),
-                single=not c.batched, joined=c.joined, left=c.left)
+    return dict(s, step="sync" if c.kind == "sync" else "decode", batch=c.tokens, contexts=list(c.contexts),
+                context_max=max(c.contexts), single=not c.batched, joined=c.joined, left=c.left)
 
 
 def between_calls_share(logs: list[EventLog]) -> float:

@@ -171,6 +171,8 @@ class GridCostModel:
     prefill_points: np.ndarray  # rows: chunk, prefix, seconds
     decode_points: np.ndarray  # rows: batch, longest context, seconds
     iteration: float = 0.0
+    grid_prefill: bool = True  # interpolate this step (False: the linear form prices it)
+    grid_decode: bool = True
     _prefills: dict = field(default_factory=dict, repr=False)  # (chunk, prefix) -> seconds
     _decode_rows: dict = field(default_factory=dict, repr=False)  # batch -> seconds by longest context
 
@@ -179,6 +181,8 @@ class GridCostModel:
         self._dc = _interpolator(self.decode_points)
 
     def prefill(self, chunk: int, prefix: int) -> float:
+        if not self.grid_prefill:
+            return self.linear.prefill(chunk, prefix)
         key = (chunk, prefix)
         if key not in self._prefills:
             v = float(self._pf(chunk, prefix))
@@ -186,6 +190,8 @@ class GridCostModel:
         return self._prefills[key]
 
     def prefill_steps(self, chunk: int, prefix: int, steps: int) -> np.ndarray:
+        if not self.grid_prefill:
+            return self.linear.prefill_steps(chunk, prefix, steps)
         return np.array([self.prefill(chunk, prefix + j * chunk) for j in range(steps)])
 
     @property
@@ -197,16 +203,16 @@ class GridCostModel:
         return self.linear.fresh
 
     def decode(self, contexts: Sequence[int], single: bool = False) -> float:
-        if single:
-            return self.linear.decode(contexts, True)
+        if single or not self.grid_decode:
+            return self.linear.decode(contexts, single)
         n, longest = len(contexts), max(contexts)
         if longest != int(longest):  # a fractional context (a fit's mean context): no row for it
             return float(self._decode_at(n, np.array([longest], float))[0])
         return float(self._decode_row(n, int(longest) + 1)[int(longest)])
 
     def decode_steps(self, contexts: Sequence[int], steps: int, single: bool = False) -> np.ndarray:
-        if single:
-            return self.linear.decode_steps(contexts, steps, True)
+        if single or not self.grid_decode:
+            return self.linear.decode_steps(contexts, steps, single)
         longest = max(contexts)
         return self._decode_row(len(contexts), longest + steps)[longest:longest + steps].copy()
 
@@ -285,7 +291,8 @@ def _is_number(x) -> bool:
 
 
 def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
-    """The cost model a profile asks for (`cost.use`: "fit", the default, or "grid")."""
+    """The cost model a profile asks for: each step's `use` ("fit", the default, or "grid"; profiles
+    before per-step choices say it once, as `cost.use`)."""
     c = prof["cost"]
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]), float(c.get("iteration", 0.0)),
                           join=_triple(c.get("join")), leave=_triple(c.get("leave")),
@@ -295,9 +302,10 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
                           prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))))
-    if c.get("use", "fit") == "grid":
+    grid = {step: c[step].get("use", c.get("use", "fit")) == "grid" for step in ("prefill", "decode")}
+    if any(grid.values()):
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),
-                             lin.iteration)
+                             lin.iteration, grid["prefill"], grid["decode"])
     return lin
 
 

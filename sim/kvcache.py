@@ -72,16 +72,19 @@ class KVBuffers:
         """One token on the request's own cache, which holds `cached` tokens."""
         return self.prefill(rid, cached, 1)
 
-    def decode_batch(self, rids: tuple[str, ...], cached: dict[str, int]) -> tuple[int, int]:
+    def decode_batch(self, rids: tuple[str, ...], cached: dict[str, int]) -> tuple[tuple[int, int], tuple[int, int]]:
         """`DecodeBatch.sync(rids)` then one step; `cached[rid]` is what each request's cache holds
-        before the step (its own cache for a joining request, its row for a member)."""
+        before the step (its own cache for a joining request, its row for a member). Returns
+        (written, fresh) of the sync (0, 0 when the rows are unchanged) and of the step."""
+        synced = (0, 0)
         if rids != self.rows:
             self.sync(rids, cached)
+            synced = self.take()
         self.cap, grown = write(self.cap, self.idx, 1)
         self.idx += 1
         if grown:
             self._new(len(rids) * grown)
-        return self.take()
+        return synced, self.take()
 
     def sync(self, rids: tuple[str, ...], cached: dict[str, int]) -> None:
         wanted, present = set(rids), set(self.rows)

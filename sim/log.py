@@ -16,14 +16,14 @@ import numpy as np
 
 class Call(NamedTuple):
     """One engine call. A named tuple: a long replay makes millions, and tuples are cheap to build."""
-    kind: str  # "prefill" or "decode"
+    kind: str  # "prefill", "decode", or "sync" (the batch cache rebuilt before a decode: `EngineState.apply`)
     start: float
     end: float
     rids: tuple[str, ...]
     tokens: int  # prefill: chunk length; decode: batch size
     prefix: int = 0  # prefill: tokens already in the request's cache
     contexts: tuple[int, ...] = ()  # decode: each request's context length for this step
-    joined: int = 0  # decode: requests that joined / left the batch cache at this call
+    joined: int = 0  # sync (or a decode in logs before syncs were calls): requests that joined / left the batch cache
     left: int = 0
     iteration: int = 0
     written: int = 0  # token-rows of KV buffer the call allocated and filled (`sim.kvcache`)
@@ -48,8 +48,6 @@ class Column(NamedTuple):
     first: int | list[int]  # prefill: the first chunk's prefix; decode: the first call's contexts
     starts: list[float]
     ends: list[float]
-    joined: int = 0  # at the first iteration only
-    left: int = 0
     written: int = 0  # at the first iteration only: no buffer grows later in a stretch
     batched: bool = True
     fresh: int = 0  # at the first iteration only
@@ -70,15 +68,15 @@ class Stretch(NamedTuple):
     def calls(self) -> Iterable[Call]:
         its = range(self.iteration, self.iteration + len(self.columns[0].ends))
         built = []
-        for kind, rids, tokens, first, starts, ends, joined, left, written, batched, fresh in self.columns:
+        for kind, rids, tokens, first, starts, ends, written, batched, fresh in self.columns:
             steps = len(ends)
             if kind == "prefill":
                 prefixes, contexts = range(first, first + steps * tokens, tokens), repeat(())
             else:
                 prefixes, contexts = repeat(0), zip(*(range(c, c + steps) for c in first))
             built.append(map(_make_call, zip(repeat(kind), starts, ends, repeat(rids),
-                                             repeat(tokens), prefixes, contexts, chain((joined,), repeat(0)),
-                                             chain((left,), repeat(0)), its, chain((written,), repeat(0)),
+                                             repeat(tokens), prefixes, contexts, repeat(0), repeat(0), its,
+                                             chain((written,), repeat(0)),
                                              repeat(batched), chain((fresh,), repeat(0)))))
         return built[0] if len(built) == 1 else chain.from_iterable(zip(*built))
 

@@ -11,7 +11,7 @@ from policies.base import Policy
 from sim.costmodel import CostModel
 from sim.log import EventLog
 from sim.state import EngineError, EngineState
-from sim.steady import call_cost, steady_steps, steady_times
+from sim.steady import call_costs, steady_steps, steady_times
 from traces.trace import Trace
 
 
@@ -64,8 +64,9 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool) ->
             else:
                 overhead = cost.iteration  # host work before the iteration's first call
                 for item in work:
-                    start, end = t + overhead, t + (overhead + call_cost(cost, state, item))
-                    state.apply(item, start, end)
+                    sync, seconds = call_costs(cost, state, item)
+                    start, synced, end = t + overhead, t + (overhead + sync), t + (overhead + (sync + seconds))
+                    state.apply(item, start, end, synced)
                     t, overhead = end, 0.0
             yield until(t)  # nothing else happens during an iteration: one SimPy event for it
 

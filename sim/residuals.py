@@ -17,7 +17,8 @@ KINDS = ("prefill", "decode", "single", "join", "leave", "grow")
 
 def call_kind(c: Call) -> str:
     """prefill; decode (a steady batch step); single (a request on its own cache); join or leave
-    (the batch cache rebuilt first); grow (a steady step whose buffer grew: a copy)."""
+    (the batch cache rebuilt: a sync call, or a decode of a log from before syncs were calls);
+    grow (a step whose buffer grew: a copy)."""
     if c.kind == "prefill":
         return "prefill"
     if not c.batched:
@@ -45,14 +46,14 @@ def size_bucket(kind: str, tokens: int) -> str:
 def price(cost: CostModel, kind: str, tokens: int, prefix: int, contexts, batched: bool, joined: int, left: int,
           written: int, fresh: int) -> float:
     """Seconds the cost model gives a call of this shape: the one pricing both executors' calls
-    share, whether the call is about to run (`sim.steady.call_cost`) or was logged (`price_call`)."""
+    share, whether the call is about to run (`sim.steady.call_costs`) or was logged (`price_call`).
+    A sync (the batch cache rebuilt) is its copies and a constant per join or leave."""
     t = cost.copy * written + cost.fresh * fresh
     if kind == "prefill":
         return t + cost.prefill(tokens, prefix)
-    t += cost.decode(contexts, not batched)
-    if joined or left:
+    if joined or left:  # a sync call, or a decode with its sync inside (logs from before syncs were calls)
         t += cost.membership(joined, left, contexts)
-    return t
+    return t if kind == "sync" else t + cost.decode(contexts, not batched)
 
 
 def price_call(cost: CostModel, c: Call) -> float:

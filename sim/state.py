@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sim.kvcache import KVBuffers, write
+
+Rows = tuple[int, int]  # (written, fresh) token-rows of KV buffer
+NONE: Rows = (0, 0)
 from sim.log import Call, Column, EventLog, RequestInfo, Stretch
 from sim.work import Decode, Prefill, Work
 from traces.trace import Request, Trace
@@ -99,9 +102,10 @@ class EngineState:
         new, old = set(work.rids), set(self.kv.rows)
         return len(new - old), len(old - new)
 
-    def kv_rows(self, work: Work) -> tuple[int, int]:
-        """(written, fresh): token-rows of KV buffer `work` would allocate and fill if it ran next,
-        and how many of them are fresh memory (`sim.kvcache`)."""
+    def kv_rows(self, work: Work) -> tuple[Rows, Rows]:
+        """Token-rows of KV buffer `work` would allocate and fill if it ran next, and how many of
+        them are fresh memory (`sim.kvcache`): (written, fresh) of the batch cache's rebuild (the
+        sync: (0, 0) unless requests join or leave) and of the call itself."""
         kv = self.kv
         if isinstance(work, Prefill):
             grown = _grown(kv.own.get(work.rid, 0), self.queued[work.rid].prefilled, work.tokens)
@@ -109,20 +113,20 @@ class EngineState:
             grown = len(work.rids) * _grown(kv.cap, kv.idx, 1)
         else:  # a batch change, or single decodes: follow them on a copy
             return self._kv_apply(work, 0, replace(kv, own=dict(kv.own)))
-        return grown, (grown if grown > kv.largest else 0)
+        return NONE, (grown, grown if grown > kv.largest else 0)
 
     def cached(self, rids) -> dict[str, int]:
         """Tokens each request's cache holds before its next decode (all but its last token)."""
         return {r: self.ready[r].context - 1 for r in set(rids) | set(self.kv.rows) if r in self.ready}
 
-    def _kv_apply(self, work: Work, prefix: int, kv: KVBuffers | None = None) -> tuple[int, int]:
-        """Follow the buffers through `work`; its (written, fresh) token-rows."""
+    def _kv_apply(self, work: Work, prefix: int, kv: KVBuffers | None = None) -> tuple[Rows, Rows]:
+        """Follow the buffers through `work`; the (written, fresh) token-rows of its sync and its call."""
         kv = kv or self.kv
         if isinstance(work, Prefill):
-            return kv.prefill(work.rid, prefix, work.tokens)
+            return NONE, kv.prefill(work.rid, prefix, work.tokens)
         if not work.batched:
             rows = [kv.decode_one(r, self.ready[r].context - 1) for r in work.rids]
-            return sum(w for w, _ in rows), sum(f for _, f in rows)
+            return NONE, (sum(w for w, _ in rows), sum(f for _, f in rows))
         return kv.decode_batch(work.rids, self.cached(work.rids))
 
     def check(self, work: Work) -> None:
@@ -144,8 +148,13 @@ class EngineState:
         else:
             raise EngineError(f"unknown work {work!r}")
 
-    def apply(self, work: Work, start: float, end: float) -> None:
-        """Record that `work` ran from `start` to `end`, and advance the requests it touched."""
+    def apply(self, work: Work, start: float, end: float, synced: float | None = None) -> None:
+        """Record that `work` ran from `start` to `end`, and advance the requests it touched.
+
+        A batched decode whose rows change first rebuilds the batch cache (`DecodeBatch.sync`):
+        `synced` is when that ended, and the log keeps the rebuild as a call of its own (kind
+        "sync", with the requests that joined and left), so its copies are timed and priced apart
+        from the step. Without `synced` (logs from before) the decode call holds both."""
         if start < self.now or end < start:
             raise EngineError(f"time went backwards: call [{start}, {end}] after {self.now}")
         self.now = end
@@ -153,7 +162,7 @@ class EngineState:
         if isinstance(work, Prefill):
             self.check(work)
             s = self.queued[work.rid]
-            written, fresh = self._kv_apply(work, s.prefilled)
+            _, (written, fresh) = self._kv_apply(work, s.prefilled)
             self.log.add(Call("prefill", start, end, (work.rid,), work.tokens, s.prefilled,
                               iteration=self.iteration, written=written, fresh=fresh))
             s.prefilled += work.tokens
@@ -172,18 +181,25 @@ class EngineState:
             self.check(work)  # raises EngineError naming the request
             raise
         joined, left = self.batch_change(work)
-        written, fresh = self._kv_apply(work, 0)
-        contexts = []
+        (sync_written, sync_fresh), (written, fresh) = self._kv_apply(work, 0)
+        contexts = tuple(s.req.prompt_len + s.generated for s in states)
+        if (joined or left) and synced is not None:  # the batch cache's rebuild, a call of its own
+            if not start <= synced <= end:
+                raise EngineError(f"sync ends at {synced}, outside its call [{start}, {end}]")
+            self.log.add(Call("sync", start, synced, work.rids, len(work.rids), 0, contexts, joined, left,
+                              self.iteration, sync_written, True, sync_fresh))
+            start, joined, left = synced, 0, 0
+        else:  # a log from before syncs were calls: the rebuild is inside the decode call
+            written, fresh = written + sync_written, fresh + sync_fresh
         for s in states:
             rid = s.req.id
-            contexts.append(s.req.prompt_len + s.generated)
             s.generated += 1
             tokens[rid].append(end)
             if s.generated == s.req.output_len:
                 del self.ready[rid]
                 self.kv.finish(rid)
                 self.finished += 1
-        self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, tuple(contexts),
+        self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, contexts,
                           joined, left, self.iteration, written, work.batched, fresh))
 
     def apply_steady(self, work: list[Work], starts: list[list[float]], ends: list[list[float]]) -> None:
@@ -197,16 +213,16 @@ class EngineState:
         for w, begin, end in zip(work, starts, ends):
             if isinstance(w, Prefill):
                 s = self.queued[w.rid]
-                written, fresh = self._kv_apply(w, s.prefilled)  # the later chunks fit (sim.steady)
-                columns.append(Column("prefill", (w.rid,), w.tokens, s.prefilled, begin, end, 0, 0, written, True,
-                                      fresh))
+                _, (written, fresh) = self._kv_apply(w, s.prefilled)  # the later chunks fit (sim.steady)
+                columns.append(Column("prefill", (w.rid,), w.tokens, s.prefilled, begin, end, written, True, fresh))
                 s.prefilled += steps * w.tokens
                 continue
             states = [self.ready[rid] for rid in w.rids]
-            joined, left = self.batch_change(w)
-            written, fresh = self._kv_apply(w, 0)
+            if self.batch_change(w) != (0, 0):
+                raise EngineError("a stretch's decode changes the batch's rows (sim.steady never asks for one)")
+            _, (written, fresh) = self._kv_apply(w, 0)
             columns.append(Column("decode", w.rids, len(w.rids), [s.context for s in states], begin, end,
-                                  joined, left, written, w.batched, fresh))
+                                  written, w.batched, fresh))
             if w.batched:
                 self.kv.idx += steps - 1
             for s in states:
@@ -236,10 +252,15 @@ def relog(trace: Trace, log: EventLog, largest: int = 0) -> EventLog:
     """A measured log's calls through today's state machine, at their measured times: what the
     state derives from the calls (KV buffers written, fresh memory) recomputed with today's rules,
     for a log written before them. Single decodes need the log's `batched` flag (logs since 0.2)."""
-    state = EngineState(trace, largest)
+    state, sync = EngineState(trace, largest), None
     for c in log.calls:
-        state.admit(c.start)
+        if c.kind == "sync":  # the rebuild before the next decode
+            sync = c
+            continue
+        start, synced = (sync.start, sync.end) if sync is not None else (c.start, None)
+        state.admit(start)
         state.iteration = c.iteration
         work = Prefill(c.rids[0], c.tokens) if c.kind == "prefill" else Decode(c.rids, c.batched)
-        state.apply(work, c.start, c.end)
+        state.apply(work, start, c.end, synced)
+        sync = None
     return state.log

@@ -1,4 +1,4 @@
-"""Pricing engine calls: one at a time (`call_cost`), or a steady stretch of identical
+"""Pricing engine calls: one at a time (`call_costs`), or a steady stretch of identical
 iterations priced and logged in one step.
 
 Between arrivals, a policy asks for the same work iteration after iteration: the same decodes
@@ -13,7 +13,6 @@ It applies only to policies that declare `steady = True` (see `policies.base.Pol
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import replace
 from itertools import accumulate, chain
 
 from sim.costmodel import CostModel
@@ -23,17 +22,20 @@ from sim.state import EngineState
 from sim.work import Decode, Prefill, Work
 
 
-def call_cost(cost: CostModel, state: EngineState, work: Work) -> float:
-    """Seconds that `work` takes on the modelled engine, from the shapes the state gives it,
-    priced as its logged call would be (`sim.residuals.price`)."""
+def call_costs(cost: CostModel, state: EngineState, work: Work) -> tuple[float, float]:
+    """Seconds that `work` takes on the modelled engine, from the shapes the state gives it, priced
+    as its logged calls would be (`sim.residuals.price`): the batch cache's rebuild first (0 unless
+    requests join or leave it), then the call itself."""
     try:
-        written, fresh = state.kv_rows(work)
+        (sync_written, sync_fresh), (written, fresh) = state.kv_rows(work)
         if isinstance(work, Prefill):
-            return price(cost, "prefill", work.tokens, state.queued[work.rid].prefilled, (), True, 0, 0,
-                         written, fresh)
+            return 0.0, price(cost, "prefill", work.tokens, state.queued[work.rid].prefilled, (), True, 0, 0,
+                              written, fresh)
         contexts = [state.ready[rid].context for rid in work.rids]
-        return price(cost, "decode", len(contexts), 0, contexts, work.batched, *state.batch_change(work),
-                     written, fresh)
+        joined, left = state.batch_change(work)
+        sync = price(cost, "sync", len(contexts), 0, contexts, True, joined, left, sync_written, sync_fresh) \
+            if joined or left else 0.0
+        return sync, price(cost, "decode", len(contexts), 0, contexts, work.batched, 0, 0, written, fresh)
     except (KeyError, AttributeError):
         state.check(work)  # raises EngineError saying what the policy got wrong
         raise
@@ -45,7 +47,7 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
     The stretch ends with the iteration in which the first of its requests emits its last token,
     and before the chunk that would complete a prompt (the policy may then do something else), or
     before a KV buffer would grow after the first iteration (`sim.kvcache`: that call copies).
-    At most one batched decode, and no request twice.
+    At most one batched decode, on the batch cache's rows as they are, and no request twice.
     """
     if not getattr(policy, "steady", False) or sum(isinstance(w, Decode) and w.batched for w in work) > 1:
         return 0
@@ -63,10 +65,9 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
                 return 0
             n = min(state.ready[rid].output_left for rid in w.rids)
             if w.batched:
-                kv = state.kv if w.rids == state.kv.rows else replace(state.kv, own=dict(state.kv.own))
-                if kv is not state.kv:
-                    kv.sync(w.rids, state.cached(w.rids))  # on a copy: the sizes after the change
-                n = min(n, _fits(kv.cap, kv.idx, 1))
+                if w.rids != state.kv.rows:
+                    return 0  # the batch cache is rebuilt first: a sync call, logged call by call
+                n = min(n, _fits(state.kv.cap, state.kv.idx, 1))
             else:
                 n = min([n] + [_fits(state.kv.own.get(r, 0), state.ready[r].context - 1, 1) for r in w.rids])
             seen.update(w.rids)
@@ -95,7 +96,7 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
             costs = cost.prefill_steps(w.tokens, state.queued[w.rid].prefilled, steps).tolist()
         else:
             costs = cost.decode_steps([state.ready[rid].context for rid in w.rids], steps, not w.batched).tolist()
-        costs[0] = call_cost(cost, state, w)  # the same first call, with any copies and batch join or leave
+        costs[0] = call_costs(cost, state, w)[1]  # the same first call, with any buffer growth
         columns.append(costs)
     if min(map(min, columns)) < 0:
         return None

@@ -36,7 +36,7 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     for key in ("kind", "cpu", "os", "mlx", "mlx_lm", "blas", "id"):
         assert key in prof["device"]
     steps = {s["step"] for s in prof["samples"]}
-    assert steps == {"prefill", "decode", "overhead"}
+    assert steps == {"prefill", "decode", "sync", "overhead"}  # syncs: the engine runs' batch rebuilds
     grid = [s for s in prof["samples"] if "source" not in s]
     assert len(grid) == len(TINY.points())
     assert all(len(s["times"]) == rounds(s) for s in grid)
@@ -44,6 +44,7 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     # the executor's own calls: joins and leaves at every batch size of the grid, KV buffers written
     engine = [s for s in prof["samples"] if s.get("source", "").startswith("engine:")]
     assert {s["batch"] for s in engine if s.get("joined")} == set(TINY.batches)
+    assert all(s["step"] == "sync" for s in engine if s.get("joined") or s.get("left"))  # timed apart from steps
     assert {s["batch"] for s in engine if s.get("left")} >= {1, 2, 3}
     assert any(s["written"] for s in engine if s["step"] == "prefill")
     replay = prof["fit"]["replay"]  # held-out engine runs, each call priced
@@ -52,11 +53,12 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     assert all(r["ratio_p10"] <= r["ratio_median"] <= r["ratio_p90"] for r in replay["by_kind"])
     assert 0 <= replay["between_calls_share"] < 0.5 and "engine replay, held out" in stdout
     assert any(s.get("held_out") for s in prof["samples"] if s["step"] == "prefill")
-    for step in ("prefill", "decode"):
+    for step in ("prefill", "decode", "sync"):
         e = prof["fit"]["errors"][step]
         assert 0 <= e["form_mean"] <= e["form_max"]
+    for step in ("prefill", "decode"):
         assert all(c >= 0 for c in prof["cost"][step]["coef"])
-    assert prof["cost"]["use"] in ("fit", "grid")
+        assert prof["cost"][step]["use"] in ("fit", "grid")
     model = cost_model(prof)
     assert model.prefill(32, 16) > model.prefill(4, 0) > 0
     assert not (tmp_path / "tiny.json.partial.jsonl").exists()

@@ -134,12 +134,14 @@ def test_a_lone_request_decodes_in_stretches_cut_where_its_cache_grows(monkeypat
                         lambda self, *a, _f=EngineState.apply_steady: calls.append(len(a[2][0])) or _f(self, *a))
     cost = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-4, 1e-7), copy=1e-6)
     log = simulate(Trace([Request("a", 0.0, 16, 500)]), policies.make("fifo"), cost)
-    # the batch cache is merged at 16 tokens, exactly full: the first step grows it to 272, the
-    # 257th (at 272 tokens) to 528; each stretch starts with the step that grows it
-    assert calls == [256, 243] and len(log.calls) == 500
-    assert [c.contexts for c in log.calls[1:3]] == [(17,), (18,)]
-    assert [(i, c.written) for i, c in enumerate(log.calls) if c.written] == [(0, 256), (1, 16 + 272), (257, 528)]
-    grow = log.calls[257]
+    # the batch cache is merged at 16 tokens (a sync call), exactly full: the first step grows it
+    # to 272, the 257th (at 272 tokens) to 528; the first runs alone (after the sync), the
+    # second starts a stretch
+    assert calls == [255, 243] and len(log.calls) == 501
+    assert [(c.kind, c.joined, c.contexts) for c in log.calls[1:4]] == [("sync", 1, (17,)), ("decode", 0, (17,)),
+                                                                         ("decode", 0, (18,))]
+    assert [(i, c.written) for i, c in enumerate(log.calls) if c.written] == [(0, 256), (1, 16), (2, 272), (258, 528)]
+    grow = log.calls[258]
     assert grow.end - grow.start == pytest.approx(cost.decode(grow.contexts) + 528 * cost.copy)
 
 
