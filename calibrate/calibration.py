@@ -13,9 +13,10 @@ from calibrate.grid import Grid
 from calibrate.host import host_info
 from calibrate.model import LoadedModel, build_as_profiled, build_model
 from calibrate.profiler import merge, run_grid
-from calibrate.replay import Workload, between_calls_share, run_workloads, samples_from_log, workloads
+from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
 from sim.costmodel import load_profile
 from sim.log import EventLog
+from traces.trace import Trace
 from sim.errors import UserError
 from sim.files import atomic_write_json, read_json_object
 
@@ -38,11 +39,11 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
                       partial, progress)
     after = runs.schedule(grid.repeats)
     samples = run_grid(lm, grid, partial, header, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
-    logs = runs.logs()
-    samples += [s for w, log in logs["train"] for s in samples_from_log(log, f"engine:{w}")]
-    samples += [s for w, log in logs["held_out"] for s in samples_from_log(log, HELD_OUT + w)]
+    engine = runs.records()
+    samples += engine_samples(engine)
     fitted = fit_profile(samples, seed=seed)
-    fitted["fit"]["replay"]["between_calls_share"] = between_calls_share([log for _, log in logs["held_out"]])
+    fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
+        [EventLog.from_dict(r["log"]) for r in engine if r["part"] == "held_out"])
     prof = {
         "pdsim_profile": 1,
         "illustrative": False,
@@ -55,6 +56,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
         "calibrate_s": time.perf_counter() - t0,
         **fitted,
         "samples": samples,
+        "engine_runs": engine,
     }
     atomic_write_json(out, prof, overwrite=overwrite)
     partial.unlink(missing_ok=True)
@@ -89,11 +91,13 @@ class EngineRuns:
                 f.write(json.dumps({"workload": w.name, "log": log.to_dict()}) + "\n")
                 f.flush()
 
-    def logs(self) -> dict[str, list[tuple[str, EventLog]]]:
-        """Every workload's log (running any not run yet), by part (train, held_out)."""
+    def records(self) -> list[dict]:
+        """Every workload's run (running any not run yet): its part (train, held_out), setting,
+        trace and log, as the profile keeps them (`engine_samples` derives the samples again)."""
         self.run([w for ws in self.loads.values() for w in ws])
         shutil.rmtree(self.partial.with_name(self.partial.name + ".runs"), ignore_errors=True)
-        return {part: [(w.name, self.done[w.name]) for w in ws] for part, ws in self.loads.items()}
+        return [{"name": w.name, "part": part, "setting": w.setting, "trace": w.trace.to_dict(),
+                 "log": self.done[w.name].to_dict()} for part, ws in self.loads.items() for w in ws]
 
     def _read(self) -> None:
         for line in self.partial.read_text().splitlines()[1:]:
@@ -170,8 +174,10 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
             raise UserError(f"{r} was measured on {d['host'].get('id')!r}, profile {source} on "
                             f"{prof['device'].get('id')!r}: calls from two devices do not mix")
     before = prof["fit"]
-    added = [s for d, r in zip(docs, reports) for run in d["runs"]
-             for s in samples_from_log(EventLog.from_dict(run["log"]), f"run:{r.name}:{run['label']}:r{run['repeat']}")]
+    traces = [Trace.from_dicts(d["trace"]["requests"], d["trace"]["meta"]) for d in docs]
+    added = [s for d, r, trace in zip(docs, reports, traces) for run in d["runs"]
+             for s in samples_from_log(relogged(trace, run["log"], run["setting"]),
+                                       f"run:{r.name}:{run['label']}:r{run['repeat']}")]
     prof.pop("_path")
     prof["samples"] = prof["samples"] + added
     prof.update(refitted(prof, prof["samples"], seed), from_runs=[str(r) for r in reports], refit_of=str(source),
@@ -181,9 +187,26 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
     return prof, before
 
 
+def engine_samples(runs: list[dict]) -> list[dict]:
+    """The calls of the calibration's engine runs as samples (held-out runs marked), their KV
+    buffers derived from the calls by today's state machine (`sim.state.relog`), so a refit of an
+    older profile prices them by today's rules."""
+    out = []
+    for r in runs:
+        log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
+        out += samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"])
+    return out
+
+
 def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
     """`fit_profile` of these samples; what the engine replay measured besides its calls (the time
-    between calls) is a measurement, not a fit, and is kept."""
+    between calls) is a measurement, not a fit, and is kept. A profile that keeps its engine runs
+    has their samples derived again (`engine_samples`)."""
+    if prof.get("engine_runs"):  # in the order calibrate writes them: grid, engine runs, then any others
+        engine = lambda s: s.get("source", "").startswith(("engine:", HELD_OUT))
+        samples = ([s for s in samples if "source" not in s] + engine_samples(prof["engine_runs"])
+                   + [s for s in samples if "source" in s and not engine(s)])
+        prof["samples"] = samples
     new = fit_profile(samples, seed=seed)
     old = prof.get("fit", {}).get("replay", {})
     if "replay" in new["fit"] and "between_calls_share" in old:

@@ -19,6 +19,7 @@ from calibrate.gate import chunked_logits_match
 from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
+from calibrate.replay import relogged
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.errors import UserError
 from sim.commands.common import setting_label
@@ -26,8 +27,7 @@ from sim.costmodel import CostModel, check_profile_matches, cost_model
 from sim.files import atomic_write_json
 from sim.log import EventLog
 from sim.metrics import score
-from sim.replay import simulate, warmed
-from sim.state import relog
+from sim.replay import simulate
 from sim.residuals import residual_table
 from traces.trace import Trace
 
@@ -107,8 +107,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         warm, policy = warmup_trace(trace), policies.make(**s)
         predicted = score(simulate(trace, policy, cost, warmup=warm), stall_ms=stall_ms)
         mine = [r for r in runs if r["label"] == label]
-        largest = warmed(warm, policy, cost)
-        logs = [_logged(r["log"], trace, largest) for r in mine]
+        logs = [relogged(trace, r["log"], s) for r in mine]
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
         measured, errors = {}, {}
@@ -131,13 +130,6 @@ def call_rows(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> li
     non-finite number becomes null, so the report stays strict JSON."""
     return [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
             for row in residual_table(logs, cost, by_size)]
-
-
-def _logged(doc: dict, trace: Trace, largest: int) -> EventLog:
-    """A run's log; one written before logs carried KV buffers (`fresh`) is relogged: the same
-    calls at the same times through today's state machine, which derives them."""
-    log = EventLog.from_dict(doc)
-    return log if "fresh" in doc.get("call_fields", ()) else relog(trace, log, largest)
 
 
 def relative_error(predicted: float, measured: float) -> float:

@@ -18,9 +18,13 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from calibrate.worker import RunFailed, run_fresh
+import policies
+from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.errors import UserError
+from sim.costmodel import LinearCostModel
 from sim.log import Call, EventLog
+from sim.replay import warmed
+from sim.state import relog
 from sim.residuals import call_kind, size_bucket
 from traces.generators import fixed, poisson, tinyllm
 from traces.trace import Trace
@@ -105,3 +109,12 @@ def between_calls_share(logs: list[EventLog]) -> float:
             if bisect_right(arrivals, b.start) == bisect_right(arrivals, a.end):
                 between += b.start - a.end
     return between / (between + inside) if inside else 0.0
+
+
+def relogged(trace: Trace, log: dict, setting: dict) -> EventLog:
+    """A worker run's log (`calibrate.worker`: a warm-up, then `trace` under `setting`) with what
+    the state machine derives from its calls (KV buffers written, fresh memory against the
+    warm-up's largest array) recomputed by today's rules, at the measured times."""
+    cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0))  # shapes only: the warm-up's requests arrive at t=0
+    largest = warmed(warmup_trace(trace), policies.make(**setting), cost)
+    return relog(trace, EventLog.from_dict(log), largest)

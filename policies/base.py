@@ -20,7 +20,8 @@ class Policy(Protocol):
     name: str
     # True promises: when `schedule` returns decodes and chunks that do not complete a prompt, it
     # returns the same work (same requests, same chunk sizes) next iteration, unless a request
-    # arrived or finished. The replay then prices a whole stretch at once (`sim.steady`).
+    # arrived or finished, or one of the decodes is a request's first. The replay then prices a
+    # whole stretch at once (`sim.steady`).
     steady: bool
 
     def schedule(self, state: EngineState) -> list[Work]:

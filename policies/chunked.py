@@ -4,8 +4,9 @@ Each iteration: the one pending request (the oldest queued) prefills at most `bu
 once its prefill is done it takes a free decode slot, and waits for one if the batch is full,
 holding back the next prefill. Then one decode for every request in a slot. `order` puts the
 decodes before the chunk (meTile) or after it (tiny-llm, where a request that finishes its
-prefill joins the same iteration's decode). eager is chunked with no budget: a whole prompt in
-one call.
+prefill joins the same iteration's decode, and a request that waited for a slot takes it in an
+iteration that only decodes: tiny-llm's `run_batch_requests_serving` takes the next pending
+request only in the iteration after). eager is chunked with no budget: a whole prompt in one call.
 """
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ class Chunked:
         ready = list(islice(state.ready, o.batch_size + 1))  # the slots, and whether one waits
         slots, blocked = ready[:o.batch_size], len(ready) > o.batch_size
         chunk: list[Work] = []
-        if state.queued and not blocked:
+        # tiny-llm: a request that waited for a slot takes it in an iteration with no prefill
+        taking = o.order == "chunk-first" and any(state.ready[r].generated == 1 and not state.ready[r].req.prefilled
+                                                   for r in slots)
+        if state.queued and not blocked and not taking:
             s = next(iter(state.queued.values()))
             n = min(s.prefill_left, o.budget or s.prefill_left)
             chunk = [Prefill(s.rid, n)]

@@ -10,7 +10,9 @@ others at context 128 writes 4 rows of a 384-token buffer. On this CPU a token-r
 
 `KVBuffers` follows the sizes exactly as mlx-lm 0.32 computes them, for the executor's calls
 (`calibrate.kernels`), so both executors log, and the cost model prices, the token-rows of KV
-buffer each call writes (`written`). A test checks the sizes against the real caches, call by call.
+buffer each call writes (`written`: buffer growth, pad, concatenate, gather; not the merge of
+joining caches, which costs next to nothing here). A test checks the sizes against the real
+caches, call by call.
 
 Memory the process has not used before costs more: the kernel maps and zeroes every fresh page
 (a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). An allocator reuses
@@ -99,8 +101,11 @@ class KVBuffers:
         elif len(kept) < len(self.rows):
             self._filter(kept, cached)
         if joining:
-            longest = max(cached[r] for r in joining)  # merge: an exact-size buffer, no spare room
-            self._new(len(joining) * longest)
+            # merge: an exact-size buffer, no spare room, filled from caches just written; it copies
+            # at memory speed from memory the allocator just freed (one request at 60-290 tokens:
+            # 1-2 ms, no page faults, against ~50 us per token-row for pad, concatenate and
+            # gather), so it is not counted
+            longest = max(cached[r] for r in joining)
             if not kept:
                 self.idx = self.cap = longest
             else:  # extend: both sides padded to one size where they differ, then concatenated

@@ -120,17 +120,23 @@ class EventLog:
                 busy += sum(sum(map(sub, col.ends, col.starts)) for col in part.columns)
         return busy
 
-    def decode_ends(self) -> np.ndarray:
-        """End times of every decode call (not sorted), without building stretches' `Call`s."""
+    def decode_ends(self) -> tuple[np.ndarray, np.ndarray]:
+        """End times and iterations of every decode call (not sorted), without building
+        stretches' `Call`s."""
         ends: list[float] = []
+        its: list[int] = []
         for part in self._parts:
             if isinstance(part, list):
-                ends += [c.end for c in part if c.kind == "decode"]
+                for c in part:
+                    if c.kind == "decode":
+                        ends.append(c.end)
+                        its.append(c.iteration)
             else:
                 for col in part.columns:
                     if col.kind == "decode":
                         ends += col.ends
-        return np.array(ends, float)
+                        its += range(part.iteration, part.iteration + len(col.ends))
+        return np.array(ends, float), np.array(its, int)
 
     def to_dict(self) -> dict:
         return {

@@ -1,8 +1,9 @@
 """The one metrics module: scores any event log, simulated or measured, by the seeds' definitions.
 
-- decode-completion gap (tiny-llm): time between consecutive completed decode calls while at least
-  one decode request stays active; idle time with no active decode request resets it. Nearest-rank
-  percentiles, `sorted[ceil(q*n)-1]`.
+- decode-completion gap (tiny-llm): time between consecutive completed decode calls; an iteration
+  that runs no decode resets it (tiny-llm's `benches/bench.py`), and so does idle time waiting for
+  an arrival. Nearest-rank percentiles, `sorted[ceil(q*n)-1]`: p50 is the lower middle of an even
+  count, where tiny-llm's `statistics.median` averages the two middles (`decode_gap_median_ms`).
 - inter-token gaps (meTile): successive differences of each request's emission times, pooled over
   requests; linear-interpolation percentiles; initial resumption gap: the gap of an already-decoding
   request that spans a new arrival; stalls: gaps above a threshold, their count and summed excess.
@@ -43,16 +44,20 @@ class Slo:
 
 
 def decode_gaps(log: EventLog) -> np.ndarray:
-    """Decode-completion gaps in seconds, idle periods excluded."""
-    ends = np.sort(log.decode_ends())
+    """Decode-completion gaps in seconds, by tiny-llm's rule (`benches/bench.py`): between
+    consecutive decode calls, unless an iteration that ran no decode lies between them (tiny-llm
+    resets its clock there), or the engine sat idle waiting for an arrival (every request that
+    had arrived had finished: idle time is no request's wait)."""
+    ends, its = log.decode_ends()
     if len(ends) < 2:
         return np.zeros(0)
-    first = np.sort([t[0] for t in log.tokens.values() if t])
-    last = np.sort([t[-1] for t in log.tokens.values() if t])
+    order = np.argsort(ends, kind="stable")
+    ends, its = ends[order], its[order]
     prev = ends[:-1]
-    # requests active just after `prev`: first token at or before it, last token after it
-    active = np.searchsorted(first, prev, "right") - np.searchsorted(last, prev, "right")
-    return (ends[1:] - prev)[active > 0]
+    arrivals = np.sort([r.arrival for r in log.requests.values()])
+    finished = np.sort([t[-1] for t in log.tokens.values() if t])
+    busy = np.searchsorted(arrivals, prev, "right") > np.searchsorted(finished, prev, "right")
+    return (ends[1:] - prev)[(np.diff(its) <= 1) & busy]
 
 
 def inter_token_gaps(log: EventLog) -> np.ndarray:
@@ -113,6 +118,7 @@ def score(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0,
     m: dict = {}
     dg = decode_gaps(log) * 1e3
     m["decode_gap_p50_ms"] = nearest_rank(dg, 0.50)
+    m["decode_gap_median_ms"] = float(np.median(dg)) if len(dg) else math.nan  # tiny-llm's statistics.median
     m["decode_gap_p95_ms"] = nearest_rank(dg, 0.95)
     m["decode_gap_max_ms"] = float(dg.max()) if len(dg) else math.nan
 

@@ -61,8 +61,9 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
             n = min(n, _fits(state.kv.own.get(w.rid, 0), s.prefilled, w.tokens))
             seen.add(w.rid)
         else:
-            if not w.rids or any(rid in seen or rid not in state.ready for rid in w.rids):
-                return 0
+            if not w.rids or any(rid in seen or rid not in state.ready or state.ready[rid].generated == 1
+                                 for rid in w.rids):
+                return 0  # (a request's first decode: it may have just taken its slot, see `Policy.steady`)
             n = min(state.ready[rid].output_left for rid in w.rids)
             if w.batched:
                 if w.rids != state.kv.rows:

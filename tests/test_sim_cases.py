@@ -48,7 +48,7 @@ def test_chunked_bounds_the_gap_and_delays_first_token():
     # the batch cache is rebuilt when 0 joins it, and when 1 takes the finished 0's row
     assert [(c.rids, c.joined, c.left) for c in log.calls if c.kind == "sync"] == [(("0",), 1, 0), (("1",), 1, 1)]
     assert log.tokens == {"0": [6, 7, 11], "1": [14, 15, 16]}
-    assert list(decode_gaps(log)) == [4, 1]
+    assert list(decode_gaps(log)) == [4, 4, 1]  # 11 -> 15: 1 joins and decodes in the next iteration
     m = score(log)
     assert m["decode_gap_max_ms"] == 4000  # eager's was 6000
     assert m["p50_ttft_ms"] == pytest.approx((6 + 14) / 2 * 1e3)
@@ -105,3 +105,24 @@ def test_stalls_and_goodput():
     # per-request gaps: 0: 1, 6; 1: 1, 1 -> one stall of 6 s, 4 s above the threshold
     assert (m["stall_count"], m["stall_excess_s"]) == (1, 4.0)
     assert m["goodput_req_s"] == pytest.approx(1 / 13)  # request 0 meets ttft<=6 s, request 1 (11 s) not
+
+
+def test_chunked_is_tiny_llms_loop_when_a_waiting_request_takes_the_freed_slot():
+    """tiny-llm's `run_batch_requests_serving` (prefill 1 s, decode 10 s, budget 1, batch 1): r1's
+    prefill ends while r0 holds the only slot; in the iteration where r1 takes it, only decodes
+    run, and r2 is taken as pending the iteration after."""
+    cost = LinearCostModel((1.0, 0.0, 0.0), (10.0, 0.0, 0.0))
+    log = simulate(fixed([0.0] * 3, [1, 1, 1], [3, 2, 2]), policies.make("chunked", 1, 1), cost)
+    assert log.tokens == {"0": [1, 11, 22], "1": [12, 32], "2": [33, 43]}
+
+
+def test_decode_gaps_reset_only_after_an_iteration_without_a_decode():
+    """tiny-llm counts the gap when the batch empties and the next request is prefilled, joins and
+    decodes in the very next iteration; a prefill-only iteration, or idle time, resets it."""
+    cost = LinearCostModel((1.0, 0.0, 0.0), (10.0, 0.0, 0.0))
+    log = simulate(fixed([0.0, 0.0], [1, 1], [2, 2]), policies.make("chunked", 1, 1), cost)
+    assert log.tokens == {"0": [1, 11], "1": [12, 22]} and list(decode_gaps(log)) == [11]
+    log = simulate(fixed([0.0, 0.0], [1, 2], [2, 2]), policies.make("chunked", 1, 1), cost)
+    assert list(decode_gaps(log)) == []  # request 1's first chunk ran in an iteration with no decode
+    m = score(run(policy="eager", batch_size=2))
+    assert m["decode_gap_p50_ms"] == 1000 and m["decode_gap_median_ms"] == 3500  # gaps [6, 1]: lower middle, mean
