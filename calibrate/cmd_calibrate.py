@@ -106,6 +106,12 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
             print(f"  {'':8s} cross-validated ({e['held_out'] + e['train']} points, {e['cv_folds']} folds): "
                   f"form mean {e['cv_form_mean']:.1%} max {e['cv_form_max']:.1%}{grid('cv_grid')}; "
                   f"repeat noise {e['repeat_noise']:.1%}" + (f"; uses the {e['use']}" if "use" in e else ""))
+    speed = prof["fit"].get("speed_by_round") or []
+    if len(speed) > 1:
+        drift = max(speed) / min(speed) - 1
+        print(f"  machine speed by round (timing / median): {' '.join(f'{x:.2f}' for x in speed)}; drift {drift:.0%}"
+              + ("; above 10%: something else ran, or the machine is shared; calibrate again on a quiet machine"
+                 if drift > 0.10 else ""))
     c = prof["cost"]
     d, pf = c["decode"], c["prefill"]
     slopes = f"{d['coef'][2] * 1e6:.2f} us per row-token"

@@ -275,7 +275,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     for step, pts in by_step.items():
         for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
             p["fitted"] = float(f)
-    fit = {"errors": errors, "target": TARGET, "uses": cost["use"]}
+    fit = {"errors": errors, "target": TARGET, "uses": cost["use"], "speed_by_round": speed_by_round(samples)}
     if held_runs:
         fit["replay"] = replay_errors(held_runs, forms)
     return {"cost": cost, "fit": fit}
@@ -344,6 +344,19 @@ def fit_copy(samples: list[dict]) -> list[float]:
     for s, f in zip(samples, X @ res.x):
         s["fitted"] = float(f)
     return [float(c) for c in res.x]
+
+
+def speed_by_round(samples: list[dict]) -> list[float]:
+    """Each round's timings over their points' medians (the median ratio): how fast the machine
+    ran in that round. Rounds minutes apart differ by 10-20% on a shared VM; a calibration
+    predicts the machine's average speed over its rounds, and a later run on a faster or slower
+    machine misses by that much."""
+    by: dict[int, list[float]] = {}
+    for s in samples:
+        for r, t in enumerate(s.get("times", ())):
+            if s["seconds"] > 0:
+                by.setdefault(r, []).append(t / s["seconds"])
+    return [float(np.median(by[r])) for r in sorted(by)]
 
 
 def repeat_noise(samples: list[dict]) -> float:

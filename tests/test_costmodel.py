@@ -163,3 +163,16 @@ def test_grid_model_falls_back_to_the_whole_form_outside_its_grid():
     assert grid.decode([32, 32]) == pytest.approx(TRUTH.decode([32, 32]))  # inside: interpolated
     assert grid.decode([128] * 4) == TRUTH.decode([128] * 4) > 0.68  # outside: the form
     assert grid.decode_steps([128] * 4, 3).tolist() == [TRUTH.decode([128 + j] * 4) for j in range(3)]
+
+
+def test_speed_by_round_recovers_each_rounds_machine_speed():
+    """Every point timed once per round; round r ran `speed[r]` times slower: the per-round median
+    of timing over the point's median is that speed over the median speed."""
+    from calibrate.fit import speed_by_round
+    import statistics
+    speed = [1.0, 1.2, 0.9, 1.1]
+    pts = [{"seconds": 0.0, "times": [base * f for f in speed]} for base in (0.1, 0.3, 2.0)]
+    for p in pts:
+        p["seconds"] = statistics.median(p["times"])
+    mid = statistics.median(speed)
+    assert speed_by_round(pts) == pytest.approx([f / mid for f in speed])
