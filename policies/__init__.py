@@ -4,6 +4,7 @@ from __future__ import annotations
 from policies.base import Options, Policy, PolicyError
 from policies.chunked import Chunked, eager
 from policies.fifo import Fifo
+from policies.mlxlm import MlxLm
 
 POLICIES = {
     "fifo": ("one request at a time: its whole prefill, then all its decodes (the meTile FIFO reference)",
@@ -12,24 +13,41 @@ POLICIES = {
               eager),
     "chunked": ("the pending request prefills at most `budget` tokens per iteration, then one decode "
                 "for every active request", lambda o: Chunked(o)),
+    "mlx-lm": ("mlx-lm's BatchGenerator (mlx_lm.server): one step of the generation batch, then up to "
+               "`prompt_concurrency` prompts prefilled together, `prefill_step` tokens each per call", None),
 }
+MLX_LM_OPTIONS = ("prefill_step", "prompt_concurrency", "decode_concurrency")  # mlx-lm's own; no other policy's
 
 OPTION_HELP = {
     "budget": "prompt tokens per iteration (chunked; fifo and eager prefill whole prompts)",
     "batch_size": "maximum requests decoding at once",
     "decode": "batched (one call for all) | single (one call per request)",
     "order": "chunk-first (tiny-llm) | decode-first (meTile)",
+    "prefill_step": "mlx-lm only: prompt tokens per row per call (mlx_lm.server --prefill-step-size, default 2048)",
+    "prompt_concurrency": "mlx-lm only: prompts prefilled together (--prompt-concurrency, default 8)",
+    "decode_concurrency": "mlx-lm only: requests generating at once; raised to at least prompt_concurrency "
+                          "(--decode-concurrency, default 32)",
 }
 
 
 def make(policy: str, budget: int | None = None, batch_size: int = 4, decode: str = "batched",
-         order: str = "chunk-first") -> Policy:
-    """Build a policy from a setting dict's fields (policy name, budget, batch size, decode, order)."""
+         order: str = "chunk-first", **mlx_lm: int) -> Policy:
+    """Build a policy from a setting dict's fields (policy name, budget, batch size, decode, order;
+    for mlx-lm, its `MLX_LM_OPTIONS`)."""
     if policy not in POLICIES:
         raise PolicyError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    unknown = [k for k in mlx_lm if k not in MLX_LM_OPTIONS]
+    if unknown:
+        raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, "
+                          + ", ".join(MLX_LM_OPTIONS))
+    if policy == "mlx-lm":
+        return MlxLm(**{k: v for k, v in mlx_lm.items() if v is not None})
+    if any(v is not None for v in mlx_lm.values()):
+        raise PolicyError(f"policy {policy!r} takes no {', '.join(k for k, v in mlx_lm.items() if v is not None)} "
+                          "(options of mlx-lm)")
     if policy == "chunked" and budget is None:
         raise PolicyError("policy 'chunked' needs a budget (--budget N)")
     return POLICIES[policy][1](Options(budget, batch_size, decode, order))
 
 
-__all__ = ["POLICIES", "Options", "Policy", "PolicyError", "make"]
+__all__ = ["MLX_LM_OPTIONS", "POLICIES", "Options", "Policy", "PolicyError", "make"]

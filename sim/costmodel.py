@@ -15,6 +15,9 @@ cache's mask and padding, and costs about twice a batch row per token here.
 dense(n) is a + b*n, or, when a profile gives measured sizes, a `Curve` through them: the BLAS
 picks its kernel by shape, so at small sizes the cost is far from linear (Qwen3-0.6B on this CPU:
 batch 4 decodes as slowly as batch 16). A profile may instead ask for interpolation over its grid.
+
+mlx-lm's BatchGenerator makes other calls (`sim.work`), priced by `MlxLmCosts` when a profile was
+calibrated on them (`pdsim calibrate --engine mlx-lm`), and otherwise by pdsim's forms.
 """
 from __future__ import annotations
 
@@ -33,6 +36,11 @@ PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
                "a single decode (own cache): dense(1) + lone*context; dense(batch) = a + b*batch or the measured "
                "curve; plus copy*written, and join (leave) when requests join (leave) the batch cache")
+MLX_PROMPT_FORM = ("dense(rows*L) + c*rows*L*(idx + L) + d*rows*idx, L the longest chunk, idx the batch "
+                   "cache's write position (every row attends the whole padded buffer); plus copy*written")
+MLX_STEP_FORM = ("generate: dense(batch) + batch*attn(max(context)) as DECODE_FORM; first forward: the same "
+                 "plus `first`; plus copy*written + fresh*fresh")
+MLX_KINDS = ("prompt", "first", "generate")  # mlx-lm's calls in the log (`sim.work`)
 BUILTIN = Path(__file__).parent / "data" / "illustrative-m4pro-qwen3-0.6b.json"
 
 
@@ -61,6 +69,13 @@ class CostModel(Protocol):
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
         """Rebuilding the batch cache when requests join or leave it (a copy of every padded row)."""
 
+    def mlx_lm_call(self, kind: str, tokens: int, idx: int, contexts: Sequence[int], written: int,
+                    fresh: int) -> float:
+        """One of mlx-lm's calls (`MLX_KINDS`), KV copies included."""
+
+    def overhead(self, engine: str) -> float:
+        """Host work per iteration of this engine ("pdsim" or "mlx-lm"), seconds."""
+
 
 @dataclass(frozen=True)
 class Curve:
@@ -86,6 +101,36 @@ class Curve:
 
 
 @dataclass
+class MlxLmCosts:
+    """mlx-lm's calls as `pdsim calibrate --engine mlx-lm` times them on BatchGenerator's own
+    path (`MLX_PROMPT_FORM`, `MLX_STEP_FORM`): its prompt call skips the LM head, and its steps
+    add a log-softmax over the vocabulary and a Python loop over the rows, so pdsim's forms
+    price them a few percent off."""
+    prompt_coef: tuple[float, float, float, float]  # a, b, c, d
+    step_coef: tuple[float, float, float, float]  # a, b, c, e
+    prompt_dense: Curve | None = None  # dense(rows * L), replaces a + b*rows*L
+    step_dense: Curve | None = None  # dense(batch), replaces a + b*batch
+    knot: float = float("inf")
+    first: float = 0.0  # a first forward besides a step on the same rows
+    copy: float = 0.0  # seconds per KV token-row written, and more per fresh one
+    fresh: float = 0.0
+    iteration: float = 0.0  # host work between two next() calls
+
+    def prompt(self, rows: int, tokens: int, idx: int) -> float:
+        a, b, c, d = self.prompt_coef
+        n = rows * tokens
+        dense = self.prompt_dense(n) if self.prompt_dense else a + b * n
+        return dense + c * n * (idx + tokens) + d * rows * idx
+
+    def step(self, contexts: Sequence[int]) -> float:
+        a, b, c, e = self.step_coef
+        n, x = len(contexts), max(contexts)
+        dense = self.step_dense(n) if self.step_dense else a + b * n
+        k = self.knot
+        return dense + n * (c * min(x, k) + e * max(0.0, x - k))
+
+
+@dataclass
 class LinearCostModel:
     prefill_coef: tuple[float, ...]  # a, b, c[, d]
     decode_coef: tuple[float, ...]  # a, b, c[, e]
@@ -102,6 +147,25 @@ class LinearCostModel:
     fresh: float = 0.0  # more per token-row of it in arrays larger than any before (fresh pages)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, float] = (0.0, 0.0)  # their cost: once if any, and per row
+    mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
+    pdsim_forms: bool = True  # False: a profile of mlx-lm's calls only, which cannot price pdsim's engine
+
+    def mlx_lm_call(self, kind: str, tokens: int, idx: int, contexts: Sequence[int], written: int,
+                    fresh: int) -> float:
+        m = self.mlx
+        if m is None:  # not calibrated: the nearest of pdsim's own calls
+            t = self.copy * written + self.fresh * fresh
+            if kind == "prompt":
+                dense, c, d = self._prefill_terms(len(contexts) * tokens)
+                return t + dense + len(contexts) * (c * tokens * (idx + tokens / 2) + d * idx)
+            return t + self.decode(contexts)
+        t = m.copy * written + m.fresh * fresh
+        if kind == "prompt":
+            return t + m.prompt(len(contexts), tokens, idx)
+        return t + m.step(contexts) + (m.first if kind == "first" else 0.0)
+
+    def overhead(self, engine: str) -> float:
+        return self.mlx.iteration if engine == "mlx-lm" and self.mlx is not None else self.iteration
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
         n, longest, t = len(contexts), max(contexts), 0.0
@@ -233,6 +297,13 @@ class GridCostModel:
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
         return self.linear.membership(joined, left, contexts)
 
+    def mlx_lm_call(self, kind: str, tokens: int, idx: int, contexts: Sequence[int], written: int,
+                    fresh: int) -> float:
+        return self.linear.mlx_lm_call(kind, tokens, idx, contexts, written, fresh)
+
+    def overhead(self, engine: str) -> float:
+        return self.linear.overhead(engine) if engine == "mlx-lm" else self.iteration
+
 
 def _interpolator(points: np.ndarray):
     """Linear interpolation over (size, context) points; nowhere (NaN) when they span no area."""
@@ -254,18 +325,26 @@ def load_profile(path: str | Path) -> dict:
         if key not in prof:
             raise ProfileError(f"profile {path}: missing required field {key!r}")
     cost = prof["cost"]
+    if not isinstance(cost, dict):
+        raise ProfileError(f"profile {path}: 'cost' must be an object")
+    if "mlx_lm" in cost:
+        _check_mlx_lm(path, cost["mlx_lm"])
+    if "mlx_lm" not in cost or "prefill" in cost or "decode" in cost:  # an mlx-lm profile may have only its own
+        _check_pdsim_forms(path, cost)
+    if "name" not in prof["model"]:
+        raise ProfileError(f"profile {path}: missing required field 'model.name'")
+    prof["_path"] = str(path)
+    return prof
+
+
+def _check_pdsim_forms(path, cost: dict) -> None:
     for key, sizes in (("prefill", (3, 4)), ("decode", (3, 4))):
         section = cost.get(key) if isinstance(cost.get(key), dict) else {}
         coef = section.get("coef")
         if not (isinstance(coef, list) and len(coef) in sizes and all(_is_number(x) for x in coef)):
             raise ProfileError(f"profile {path}: missing required field 'cost.{key}.coef' "
                                f"({' or '.join(map(str, sizes))} numbers)")
-        dense = section.get("dense")
-        if dense is not None and not (
-                isinstance(dense, list) and dense and all(isinstance(p, list) and len(p) == 2
-                                                          and all(map(_is_number, p)) for p in dense)
-                and all(a[0] < b[0] for a, b in zip(dense, dense[1:]))):
-            raise ProfileError(f"profile {path}: 'cost.{key}.dense' must be [size, seconds] pairs, sizes increasing")
+        _check_dense(path, f"cost.{key}.dense", section.get("dense"))
     knot = cost["decode"].get("knot")
     if len(cost["decode"]["coef"]) == 4 and not (_is_number(knot) and knot > 0):
         raise ProfileError(f"profile {path}: 4 decode coefficients need 'cost.decode.knot', a positive context")
@@ -280,10 +359,33 @@ def load_profile(path: str | Path) -> dict:
             and len(rem) == 2 and all(_is_number(x) and x >= 0 for x in rem)):
         raise ProfileError(f"profile {path}: 'cost.prefill.tile' must be a whole number >= 0 and "
                            "'cost.prefill.remainder' two non-negative numbers")
-    if "name" not in prof["model"]:
-        raise ProfileError(f"profile {path}: missing required field 'model.name'")
-    prof["_path"] = str(path)
-    return prof
+
+
+def _check_dense(path, where: str, dense) -> None:
+    if dense is not None and not (
+            isinstance(dense, list) and dense and all(isinstance(p, list) and len(p) == 2
+                                                      and all(map(_is_number, p)) for p in dense)
+            and all(a[0] < b[0] for a, b in zip(dense, dense[1:]))):
+        raise ProfileError(f"profile {path}: '{where}' must be [size, seconds] pairs, sizes increasing")
+
+
+def _check_mlx_lm(path, m) -> None:
+    """The `cost.mlx_lm` section (`MlxLmCosts`)."""
+    if not isinstance(m, dict):
+        raise ProfileError(f"profile {path}: 'cost.mlx_lm' must be an object")
+    for key in ("prompt", "generate"):
+        section = m.get(key) if isinstance(m.get(key), dict) else {}
+        coef = section.get("coef")
+        if not (isinstance(coef, list) and len(coef) == 4 and all(_is_number(x) for x in coef)):
+            raise ProfileError(f"profile {path}: missing required field 'cost.mlx_lm.{key}.coef' (4 numbers)")
+        _check_dense(path, f"cost.mlx_lm.{key}.dense", section.get("dense"))
+    knot = m["generate"].get("knot")
+    if knot is not None and not (_is_number(knot) and knot > 0):
+        raise ProfileError(f"profile {path}: 'cost.mlx_lm.generate.knot' must be a positive context")
+    for where, v in (("generate.first", m["generate"].get("first", 0.0)), ("copy", m.get("copy", 0.0)),
+                     ("fresh", m.get("fresh", 0.0)), ("iteration", m.get("iteration", 0.0))):
+        if not (_is_number(v) and v >= 0):
+            raise ProfileError(f"profile {path}: 'cost.mlx_lm.{where}' must be a non-negative number")
 
 
 def _is_number(x) -> bool:
@@ -294,6 +396,9 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     """The cost model a profile asks for: each step's `use` ("fit", the default, or "grid"; profiles
     before per-step choices say it once, as `cost.use`)."""
     c = prof["cost"]
+    mlx = mlx_lm_costs(c["mlx_lm"]) if "mlx_lm" in c else None
+    if "prefill" not in c:  # a profile of mlx-lm's calls only
+        return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False)
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]), float(c.get("iteration", 0.0)),
                           join=_triple(c.get("join")), leave=_triple(c.get("leave")),
                           prefill_dense=Curve.from_pairs(c["prefill"].get("dense")),
@@ -301,12 +406,20 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           decode_knot=float(c["decode"].get("knot") or "inf"), decode_lone=c["decode"].get("lone"),
                           copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
-                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))))
+                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx)
     grid = {step: c[step].get("use", c.get("use", "fit")) == "grid" for step in ("prefill", "decode")}
     if any(grid.values()):
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),
                              lin.iteration, grid["prefill"], grid["decode"])
     return lin
+
+
+def mlx_lm_costs(m: dict) -> MlxLmCosts:
+    """`MlxLmCosts` from a profile's `cost.mlx_lm` section."""
+    pr, st = m["prompt"], m["generate"]
+    return MlxLmCosts(tuple(map(float, pr["coef"])), tuple(map(float, st["coef"])), Curve.from_pairs(pr.get("dense")),
+                      Curve.from_pairs(st.get("dense")), float(st.get("knot") or "inf"), float(st.get("first", 0.0)),
+                      float(m.get("copy", 0.0)), float(m.get("fresh", 0.0)), float(m.get("iteration", 0.0)))
 
 
 def _triple(v) -> tuple[float, float, float]:

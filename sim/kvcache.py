@@ -20,10 +20,17 @@ freed blocks up to the size it has seen freed (glibc's malloc raises its mmap th
 largest freed block; MLX's buffer caches likewise serve what they hold), so an array larger than
 any before is fresh memory and a smaller one mostly reuses: `fresh` counts the token-rows of the
 arrays a call allocates that are larger than every array before them in the run.
+
+mlx-lm's `BatchGenerator` keeps two batch caches, the prompt batch and the generation batch
+(`BatchCache`, with every row's left padding), rebuilt by the same operations plus a roll of the
+right padding after a padded prompt call. Those rebuilds are lazy: a copy is made when a later
+call evaluates the cache, so `BatchCache.owed` keeps the arrays built and not yet evaluated, and
+the call that evaluates them is charged (`KVBuffers.join_prompt`, `batch_prefill`, `first_forward`,
+`generate`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 STEP = 256  # KVCache.step and BatchKVCache.step
 
@@ -48,6 +55,12 @@ class KVBuffers:
     largest: int = 0  # the largest array allocated so far in the run (token-rows, one layer's keys)
     written: int = 0  # token-rows allocated and filled, and of them fresh, since `take` last ran
     fresh: int = 0
+    prompt: "BatchCache" = field(default_factory=lambda: BatchCache())  # mlx-lm's prompt batch
+    gen: "BatchCache" = field(default_factory=lambda: BatchCache())  # mlx-lm's generation batch
+
+    def what_if(self) -> "KVBuffers":
+        """A copy to follow a call on without changing these buffers (the batch caches copied too)."""
+        return replace(self, own=dict(self.own), prompt=self.prompt.copy(), gen=self.gen.copy())
 
     def _new(self, rows: int) -> None:
         """One new array of `rows` token-rows (each layer's keys and values alike)."""
@@ -130,3 +143,139 @@ class KVBuffers:
     def finish(self, rid: str) -> None:
         """A finished request's own cache is dropped (its batch row goes at the next sync)."""
         self.own.pop(rid, None)
+
+    # --- mlx-lm's BatchGenerator: the prompt batch and the generation batch ---------------------
+
+    def _settle(self, cache: "BatchCache") -> None:
+        """A call evaluates `cache`: the lazy arrays it owes are allocated and filled now."""
+        for rows in cache.owed:
+            self._new(rows)
+        cache.owed = []
+
+    def join_prompt(self, rids: tuple[str, ...]) -> tuple[int, int]:
+        """Requests with empty caches join the prompt batch (merge, then `extend`): lazy, (0, 0)."""
+        self.prompt.extend(BatchCache(list(rids), [0] * len(rids)))
+        return self.take()
+
+    def batch_prefill(self, chunks: list[int]) -> tuple[int, int]:
+        """One call of the prompt batch, row i prefilling chunks[i] tokens (in the batch's order):
+        every row writes the longest chunk's positions; with padding, the buffers are rolled."""
+        c, longest = self.prompt, max(chunks)
+        self._settle(c)  # the rebuilds since the last prompt call (joins, the split's gather)
+        c.update(longest)
+        c.roll([longest - n for n in chunks])
+        self._settle(c)
+        return self.take()
+
+    def first_forward(self, rids: tuple[str, ...]) -> tuple[int, int]:
+        """Split `rids` off the prompt batch, write their last prompt token, join them to the
+        generation batch (its copies are lazy: the next `generate` pays them)."""
+        split = self.prompt.split([self.prompt.rows.index(r) for r in rids])
+        split.update(1)
+        self._settle(split)  # the split's gather (and any join it read from), the write's growth
+        self.gen.extend(split)
+        return self.take()
+
+    def generate(self, rids: tuple[str, ...], leaving: set[str]) -> tuple[int, int]:
+        """One step of the generation batch (rows `rids`, its order); the rows in `leaving`
+        return their last token and are filtered out after it (lazily, for the next step)."""
+        c = self.gen
+        self._settle(c)  # the joins and leaves since the last step
+        c.update(1)
+        self._settle(c)
+        keep = [i for i, r in enumerate(c.rows) if r not in leaving]
+        if not keep:
+            self.gen = BatchCache()
+        elif len(keep) < len(c.rows):
+            c.filter(keep)
+        return self.take()
+
+
+@dataclass
+class BatchCache:
+    """mlx-lm's `BatchKVCache` by its sizes: the rows, each row's left padding, the shared write
+    position `_idx`, the buffers' capacity, and the lazy arrays built from it and not yet
+    evaluated (token-rows each, one layer's keys). No rows: no cache at all (mlx-lm's list of
+    caches is emptied when a batch loses its last row, and a batch joining it is taken as is)."""
+    rows: list[str] = field(default_factory=list)
+    pad: list[int] = field(default_factory=list)
+    idx: int = 0
+    cap: int = 0
+    keys: bool = False  # whether it holds buffers (a merge of empty caches holds none)
+    owed: list[int] = field(default_factory=list)
+
+    def copy(self) -> "BatchCache":
+        return replace(self, rows=list(self.rows), pad=list(self.pad), owed=list(self.owed))
+
+    def lengths(self) -> list[int]:
+        """Each row's tokens in the cache (real, padding excluded)."""
+        return [self.idx - p for p in self.pad]
+
+    def update(self, n: int) -> None:
+        """`update_and_fetch` of n positions in every row: grow in 256-token steps if needed."""
+        cap, grown = write(self.cap if self.keys else 0, self.idx, n)
+        if grown:
+            self.owed.append(len(self.rows) * grown)
+        self.cap, self.keys, self.idx = cap, True, self.idx + n
+
+    def roll(self, right: list[int]) -> None:
+        """`prepare(right_padding)` before a padded call and `finalize` after it: each row's
+        padding is rolled to its left, a new buffer of every row's whole capacity."""
+        if max(right) > 0:
+            self.owed.append(len(self.rows) * self.cap)
+            self.pad = [p + r for p, r in zip(self.pad, right)]
+
+    def filter(self, keep: list[int]) -> None:
+        """Keep these rows (a gather of the whole buffer), then drop the left padding they all share."""
+        if self.keys:
+            self.owed.append(len(keep) * self.cap)
+        self.rows = [self.rows[i] for i in keep]
+        self.pad = [self.pad[i] for i in keep]
+        shift = min(self.pad)
+        if shift > 0:
+            if self.keys:
+                self.cap -= shift  # a view
+            self.idx -= shift
+            self.pad = [p - shift for p in self.pad]
+
+    def split(self, idx: list[int]) -> "BatchCache":
+        """`PromptProcessingBatch.split`: rows `idx` (sorted) leave in a batch of their own,
+        returned; both sides are gathers of these buffers. The split side is evaluated first (its
+        first forward runs before the prompt call), so it owes what the two share."""
+        idx = sorted(idx)
+        other = self.copy()
+        rest = [i for i in range(len(self.rows)) if i not in idx]
+        self.owed = []
+        if rest:
+            self.filter(rest)
+        else:
+            self.rows, self.pad, self.idx, self.cap, self.keys = [], [], 0, 0, False
+        other.filter(idx)
+        return other
+
+    def extend(self, other: "BatchCache") -> None:
+        """`BatchKVCache.extend`: rows of `other` join at the end. Both sides are padded to the
+        larger write position and capacity where they differ, then concatenated."""
+        if not self.rows:  # no cache yet: the joining batch's own
+            self.rows, self.pad, self.idx, self.cap, self.keys = (list(other.rows), list(other.pad), other.idx,
+                                                                  other.cap, other.keys)
+            self.owed = self.owed + other.owed
+            return
+        self.owed = self.owed + other.owed
+        if not self.keys and not other.keys:
+            self.rows += other.rows
+            self.pad += other.pad
+            return
+        idx = max(self.idx, other.idx)
+        size = max(self.cap if self.keys else 0, other.cap if other.keys else 0)
+        pads = []
+        for c in (self, other):
+            left = idx - c.idx
+            right = size - (c.cap if c.keys else 0) - left
+            if left or right > 0:
+                self.owed.append(len(c.rows) * size)
+            pads.append([p + left for p in c.pad])
+        self.owed.append((len(self.rows) + len(other.rows)) * size)
+        self.rows = self.rows + other.rows
+        self.pad = pads[0] + pads[1]
+        self.idx, self.cap, self.keys = idx, size, True

@@ -16,19 +16,26 @@ import numpy as np
 
 class Call(NamedTuple):
     """One engine call. A named tuple: a long replay makes millions, and tuples are cheap to build."""
-    kind: str  # "prefill", "decode", or "sync" (the batch cache rebuilt before a decode: `EngineState.apply`)
+    # "prefill", "decode", or "sync" (the batch cache rebuilt before a decode: `EngineState.apply`);
+    # mlx-lm's BatchGenerator: "prompt" (the prompt batch's chunks), "first" (first forwards),
+    # "generate" (a step of the generation batch), see `sim.work`
+    kind: str
     start: float
     end: float
     rids: tuple[str, ...]
-    tokens: int  # prefill: chunk length; decode: batch size
-    prefix: int = 0  # prefill: tokens already in the request's cache
-    contexts: tuple[int, ...] = ()  # decode: each request's context length for this step
+    tokens: int  # prefill: chunk length; prompt: the longest chunk (every row's length, padded); decode: batch size
+    prefix: int = 0  # prefill: tokens already in the request's cache; prompt: the batch cache's write position
+    contexts: tuple[int, ...] = ()  # decode: each request's context length for this step; prompt: each row's cached tokens
     joined: int = 0  # sync (or a decode in logs before syncs were calls): requests that joined / left the batch cache
     left: int = 0
     iteration: int = 0
     written: int = 0  # token-rows of KV buffer the call allocated and filled (`sim.kvcache`)
     batched: bool = True  # decode: one call on the batch cache, or on the request's own cache
     fresh: int = 0  # of `written`, token-rows in arrays larger than any before (fresh memory)
+    chunks: tuple[int, ...] = ()  # prompt: each row's chunk (real tokens)
+
+
+DECODE_KINDS = ("decode", "generate")  # calls that return a token to each of their requests
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ class Stretch(NamedTuple):
             built.append(map(_make_call, zip(repeat(kind), starts, ends, repeat(rids),
                                              repeat(tokens), prefixes, contexts, repeat(0), repeat(0), its,
                                              chain((written,), repeat(0)),
-                                             repeat(batched), chain((fresh,), repeat(0)))))
+                                             repeat(batched), chain((fresh,), repeat(0)), repeat(()))))
         return built[0] if len(built) == 1 else chain.from_iterable(zip(*built))
 
 
@@ -122,15 +129,23 @@ class EventLog:
 
     def decode_ends(self) -> tuple[np.ndarray, np.ndarray]:
         """End times and iterations of every decode call (not sorted), without building
-        stretches' `Call`s."""
+        stretches' `Call`s. An mlx-lm generation step completes when its `next()` returns its
+        tokens: at the end of its iteration's last call (`sim.work.Generate`)."""
         ends: list[float] = []
         its: list[int] = []
         for part in self._parts:
             if isinstance(part, list):
+                last = {}
                 for c in part:
                     if c.kind == "decode":
                         ends.append(c.end)
                         its.append(c.iteration)
+                    elif c.kind == "generate":
+                        last[c.iteration] = len(ends)
+                        ends.append(c.end)
+                        its.append(c.iteration)
+                    if c.iteration in last:
+                        ends[last[c.iteration]] = c.end
             else:
                 for col in part.columns:
                     if col.kind == "decode":
@@ -142,7 +157,8 @@ class EventLog:
         return {
             "requests": [vars(r) for r in self.requests.values()],
             "calls": [[c.kind, c.start, c.end, list(c.rids), c.tokens, c.prefix, list(c.contexts),
-                       c.joined, c.left, c.iteration, c.written, c.batched, c.fresh] for c in self.calls],
+                       c.joined, c.left, c.iteration, c.written, c.batched, c.fresh]
+                      + ([list(c.chunks)] if c.chunks else []) for c in self.calls],
             "call_fields": list(Call._fields),
             "tokens": self.tokens,
         }
@@ -153,6 +169,8 @@ class EventLog:
         for r in d["requests"]:
             log.requests[r["rid"]] = RequestInfo(**r)
         for k, s, e, rids, n, pre, ctx, *rest in d["calls"]:  # logs before `written` have 10 fields
+            if len(rest) == 7:  # a prompt call's chunks
+                rest[6] = tuple(rest[6])
             log.add(Call(k, s, e, tuple(rids), n, pre, tuple(ctx), *rest))
         log.tokens = {k: list(v) for k, v in d["tokens"].items()}
         return log

@@ -8,7 +8,7 @@ from __future__ import annotations
 import simpy
 
 from policies.base import Policy
-from sim.costmodel import CostModel
+from sim.costmodel import CostModel, ProfileError
 from sim.log import EventLog
 from sim.state import EngineError, EngineState
 from sim.steady import call_costs, steady_steps, steady_times
@@ -24,9 +24,17 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
     stretches (`sim.steady`), for checking that it changes nothing. `warmup`: a trace the same
     process served first (a confirm run's warm-up), whose KV arrays the allocator then reuses.
     """
+    if engine_of(policy) == "pdsim" and not getattr(cost, "pdsim_forms", True):
+        raise ProfileError(f"the profile prices mlx-lm's BatchGenerator only (`pdsim calibrate --engine mlx-lm`); "
+                           f"policy {policy.name!r} runs on pdsim's engine: calibrate without --engine for it")
     state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0)
     _serve(state, policy, cost, steady)
     return state.log
+
+
+def engine_of(policy: Policy) -> str:
+    """The engine whose calls the policy asks for: "pdsim" (its own), or "mlx-lm" (BatchGenerator)."""
+    return getattr(policy, "engine", "pdsim")
 
 
 def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> int:
@@ -39,6 +47,7 @@ def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> int:
 def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool) -> None:
     """The engine process over `state`'s trace, run to the end."""
     env = simpy.Environment()
+    host = cost.overhead(engine_of(policy)) if hasattr(cost, "overhead") else cost.iteration
 
     def until(when: float) -> simpy.Timeout:
         return env.timeout(max(0.0, when - env.now))  # SimPy's clock may trail `t` by a rounding
@@ -62,7 +71,7 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool) ->
                 state.apply_steady(work, *times)
                 t = times[1][-1][-1]
             else:
-                overhead = cost.iteration  # host work before the iteration's first call
+                overhead = host  # host work before the iteration's first call
                 for item in work:
                     sync, seconds = call_costs(cost, state, item)
                     start, synced, end = t + overhead, t + (overhead + sync), t + (overhead + (sync + seconds))

@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.costmodel import CostModel
+from sim.costmodel import MLX_KINDS, CostModel
 from sim.log import Call, EventLog
 
 TILE = 16  # a chunk of a multiple of this many rows runs the BLAS's fast kernels (see calibrate/grid.py)
-KINDS = ("prefill", "decode", "single", "join", "leave", "grow")
+KINDS = ("prefill", "decode", "single", "join", "leave", "grow", "prompt", "first", "generate", "merge")
 
 
 def call_kind(c: Call) -> str:
     """prefill; decode (a steady batch step); single (a request on its own cache); join or leave
     (the batch cache rebuilt: a sync call, or a decode of a log from before syncs were calls);
-    grow (a step whose buffer grew: a copy)."""
+    grow (a step whose buffer grew: a copy). mlx-lm's calls: prompt, first, generate, and merge (a
+    generation step that pays the batch's lazy rebuild: rows joined or left since the last step,
+    or its buffer grew)."""
     if c.kind == "prefill":
         return "prefill"
+    if c.kind in ("prompt", "first"):
+        return c.kind
+    if c.kind == "generate":
+        return "merge" if c.written else "generate"
     if not c.batched:
         return "single"
     if c.joined:
@@ -30,8 +36,11 @@ def call_kind(c: Call) -> str:
     return "grow" if c.written else "decode"
 
 
-def size_bucket(kind: str, tokens: int) -> str:
-    """Prefill: chunk length range and whether it is a multiple of TILE; decode: batch size."""
+def size_bucket(kind: str, tokens: int, rows: int = 1) -> str:
+    """Prefill: chunk length range and whether it is a multiple of TILE; decode: batch size;
+    mlx-lm's prompt call: the (padded) chunk length as a prefill's, with `rows` rows."""
+    if kind == "prompt":
+        return f"{rows}x " + size_bucket("prefill", tokens)
     if kind != "prefill":
         return f"batch {tokens}"
     lo = 1
@@ -48,6 +57,8 @@ def price(cost: CostModel, kind: str, tokens: int, prefix: int, contexts, batche
     """Seconds the cost model gives a call of this shape: the one pricing both executors' calls
     share, whether the call is about to run (`sim.steady.call_costs`) or was logged (`price_call`).
     A sync (the batch cache rebuilt) is its copies and a constant per join or leave."""
+    if kind in MLX_KINDS:
+        return cost.mlx_lm_call(kind, tokens, prefix, contexts, written, fresh)
     t = cost.copy * written + cost.fresh * fresh
     if kind == "prefill":
         return t + cost.prefill(tokens, prefix)
@@ -67,7 +78,8 @@ def call_ratios(logs: list[EventLog], cost: CostModel) -> list[tuple[str, str, f
     for log in logs:
         for c in log.calls:
             if c.end > c.start:
-                out.append((call_kind(c), size_bucket(c.kind, c.tokens), price_call(cost, c) / (c.end - c.start)))
+                out.append((call_kind(c), size_bucket(c.kind, c.tokens, len(c.rids)),
+                            price_call(cost, c) / (c.end - c.start)))
     return out
 
 

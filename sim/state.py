@@ -13,7 +13,7 @@ from sim.kvcache import KVBuffers, write
 Rows = tuple[int, int]  # (written, fresh) token-rows of KV buffer
 NONE: Rows = (0, 0)
 from sim.log import Call, Column, EventLog, RequestInfo, Stretch
-from sim.work import Decode, Prefill, Work
+from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 from traces.trace import Request, Trace
 
 
@@ -26,6 +26,9 @@ class RequestState:
     req: Request
     prefilled: int = 0  # prompt tokens in the cache
     generated: int = 0  # tokens emitted (the first comes from the last prefill chunk)
+    # mlx-lm's one-step pipeline (`FirstForward`, `Generate`): the step that returns token j also
+    # writes it to the cache and samples token j + 1, so the next step attends one token more
+    pipelined: bool = False
 
     @property
     def rid(self) -> str:
@@ -41,8 +44,9 @@ class RequestState:
 
     @property
     def context(self) -> int:
-        """Tokens the next decode step attends to: the prompt, the outputs so far."""
-        return self.req.prompt_len + self.generated
+        """Tokens the next decode step attends to: the prompt, the outputs so far (and, pipelined,
+        the one the step writes before returning it)."""
+        return self.req.prompt_len + self.generated + self.pipelined
 
 
 class EngineState:
@@ -50,7 +54,9 @@ class EngineState:
 
     `queued` holds arrived requests whose prefill is not finished, in arrival order; `ready` holds
     requests whose prefill is done and which still owe tokens, in order of prefill completion.
-    Policies read both (and `now`) and must not modify them.
+    Policies read both (and `now`) and must not modify them. mlx-lm's engine keeps the requests
+    it prefills together in its prompt batch (`prompt_rows`, a part of `queued`) and its
+    generation batch is `ready`, in the batch's order.
     """
 
     def __init__(self, trace: Trace, largest: int = 0):
@@ -64,6 +70,8 @@ class EngineState:
         self.finished = 0
         self.arrived = 0
         self.log = EventLog()
+        self._returned: tuple[int, list[list[float]]] = (-1, [])  # a `Generate`'s tokens: iteration, lists
+        self._gen_rows: tuple[str, ...] = ()  # the generation batch's rows at its last step
         for r in trace.requests:
             self.log.requests[r.id] = RequestInfo(r.id, r.arrival, r.prompt_len, r.output_len, r.prefilled)
             self.log.tokens[r.id] = []
@@ -95,6 +103,11 @@ class EngineState:
             n += 1
         return n
 
+    @property
+    def prompt_rows(self) -> tuple[str, ...]:
+        """mlx-lm's prompt batch: the requests prefilling together, in the batch's order."""
+        return tuple(self.kv.prompt.rows)
+
     def batch_change(self, work: Decode) -> tuple[int, int]:
         """How many requests join and leave the batch cache if `work` runs next."""
         if not work.batched or work.rids == self.kv.rows:
@@ -109,10 +122,10 @@ class EngineState:
         kv = self.kv
         if isinstance(work, Prefill):
             grown = _grown(kv.own.get(work.rid, 0), self.queued[work.rid].prefilled, work.tokens)
-        elif work.batched and work.rids == kv.rows:
+        elif isinstance(work, Decode) and work.batched and work.rids == kv.rows:
             grown = len(work.rids) * _grown(kv.cap, kv.idx, 1)
-        else:  # a batch change, or single decodes: follow them on a copy
-            return self._kv_apply(work, 0, replace(kv, own=dict(kv.own)))
+        else:  # a batch change, single decodes, mlx-lm's batches: follow them on a copy
+            return self._kv_apply(work, 0, kv.what_if())
         return NONE, (grown, grown if grown > kv.largest else 0)
 
     def cached(self, rids) -> dict[str, int]:
@@ -124,6 +137,14 @@ class EngineState:
         kv = kv or self.kv
         if isinstance(work, Prefill):
             return NONE, kv.prefill(work.rid, prefix, work.tokens)
+        if isinstance(work, BatchPrefill):
+            return NONE, kv.batch_prefill([n for _, n in work.rows])
+        if isinstance(work, FirstForward):
+            return NONE, kv.first_forward(work.rids)
+        if isinstance(work, Generate):
+            return NONE, kv.generate(work.rids, {r for r in work.rids if self.ready[r].output_left == 1})
+        if isinstance(work, JoinPrompt):
+            return NONE, kv.join_prompt(work.rids)
         if not work.batched:
             rows = [kv.decode_one(r, self.ready[r].context - 1) for r in work.rids]
             return NONE, (sum(w for w, _ in rows), sum(f for _, f in rows))
@@ -145,6 +166,36 @@ class EngineState:
             for rid in work.rids:
                 if rid not in self.ready:
                     raise EngineError(f"decode of {rid!r}: its prefill has not finished, or it is done")
+                if self.ready[rid].pipelined:
+                    raise EngineError(f"decode of {rid!r}: it is in mlx-lm's generation batch (Generate)")
+        else:
+            self._check_mlx_lm(work)
+
+    def _check_mlx_lm(self, work: Work) -> None:
+        """mlx-lm's calls: each names exactly the rows its batch holds, in the batch's order."""
+        rows = self.prompt_rows
+        if isinstance(work, JoinPrompt):
+            for rid in work.rids:
+                if rid not in self.queued or rid in rows or work.rids.count(rid) > 1:
+                    raise EngineError(f"join of {rid!r}: not waiting (not arrived, already joined, or prefilled)")
+                if self.queued[rid].prefilled:
+                    raise EngineError(f"join of {rid!r}: part of its prompt ran on pdsim's engine")
+        elif isinstance(work, BatchPrefill):
+            if tuple(r for r, _ in work.rows) != rows:
+                raise EngineError(f"batch prefill of {[r for r, _ in work.rows]}: the prompt batch holds {list(rows)} "
+                                  "(every row prefills, in the batch's order)")
+            for rid, n in work.rows:
+                if not 1 <= n < self.queued[rid].prefill_left:
+                    raise EngineError(f"batch prefill of {rid!r}: {n} tokens, {self.queued[rid].prefill_left} left "
+                                      "(the last one is held back for the first forward)")
+        elif isinstance(work, FirstForward):
+            due = tuple(r for r in rows if self.queued[r].prefill_left == 1)
+            if not work.rids or work.rids != due:
+                raise EngineError(f"first forward of {list(work.rids)}: the prompt batch's rows with only their "
+                                  f"last token left are {list(due)}")
+        elif isinstance(work, Generate):
+            if not work.rids or work.rids != tuple(self.ready) or not all(s.pipelined for s in self.ready.values()):
+                raise EngineError(f"generate of {list(work.rids)}: the generation batch holds {list(self.ready)}")
         else:
             raise EngineError(f"unknown work {work!r}")
 
@@ -159,6 +210,9 @@ class EngineState:
             raise EngineError(f"time went backwards: call [{start}, {end}] after {self.now}")
         self.now = end
         tokens = self.log.tokens
+        if not isinstance(work, (Prefill, Decode)):
+            self._apply_mlx_lm(work, start, end)
+            return
         if isinstance(work, Prefill):
             self.check(work)
             s = self.queued[work.rid]
@@ -201,6 +255,54 @@ class EngineState:
                 self.finished += 1
         self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, contexts,
                           joined, left, self.iteration, written, work.batched, fresh))
+
+    def _apply_mlx_lm(self, work: Work, start: float, end: float) -> None:
+        """An mlx-lm call (`sim.work`). A `Generate`'s tokens are returned when `next()` returns:
+        each later call of the same iteration moves their emission time to its own end."""
+        self.check(work)
+        it, returned = self._returned
+        if it == self.iteration:
+            for times in returned:
+                times[-1] = end
+        if isinstance(work, JoinPrompt):
+            self.kv.join_prompt(work.rids)
+            return
+        idx = self.kv.prompt.idx  # the prompt batch's write position before the call (after any split)
+        if isinstance(work, BatchPrefill):
+            _, (written, fresh) = self._kv_apply(work, 0)
+            rids, chunks = tuple(r for r, _ in work.rows), tuple(n for _, n in work.rows)
+            self.log.add(Call("prompt", start, end, rids, max(chunks), idx,
+                              tuple(self.queued[r].prefilled for r in rids), 0, 0, self.iteration, written, True,
+                              fresh, chunks))
+            for rid, n in work.rows:
+                self.queued[rid].prefilled += n
+            return
+        _, (written, fresh) = self._kv_apply(work, 0)
+        if isinstance(work, FirstForward):
+            contexts = tuple(self.queued[r].req.prompt_len for r in work.rids)
+            self.log.add(Call("first", start, end, work.rids, len(work.rids), 0, contexts, 0, 0, self.iteration,
+                              written, True, fresh))
+            for rid in work.rids:
+                s = self.queued.pop(rid)
+                s.prefilled, s.pipelined = s.req.prompt_len, True
+                self.ready[rid] = s
+            return
+        states = [self.ready[r] for r in work.rids]
+        before = set(self._gen_rows)
+        joined, left = sum(r not in before for r in work.rids), len(before - set(work.rids))
+        self.log.add(Call("generate", start, end, work.rids, len(work.rids), 0, tuple(s.context for s in states),
+                          joined, left, self.iteration, written, True, fresh))
+        self._gen_rows = work.rids
+        returned = []
+        for s in states:
+            s.generated += 1
+            times = self.log.tokens[s.req.id]
+            times.append(end)
+            returned.append(times)
+            if s.generated == s.req.output_len:
+                del self.ready[s.req.id]
+                self.finished += 1
+        self._returned = (self.iteration, returned)
 
     def apply_steady(self, work: list[Work], starts: list[list[float]], ends: list[list[float]]) -> None:
         """Record a stretch of identical iterations (`sim.steady`): call i of iteration j ran from
@@ -251,8 +353,14 @@ def _grown(cap: int, idx: int, n: int) -> int:
 def relog(trace: Trace, log: EventLog, largest: int = 0) -> EventLog:
     """A measured log's calls through today's state machine, at their measured times: what the
     state derives from the calls (KV buffers written, fresh memory) recomputed with today's rules,
-    for a log written before them. Single decodes need the log's `batched` flag (logs since 0.2)."""
+    for a log written before them. Single decodes need the log's `batched` flag (logs since 0.2).
+    mlx-lm's calls are rebuilt as the work they were (`work_of`), their prompt-batch joins inferred."""
     state, sync = EngineState(trace, largest), None
+    order = {r.id: i for i, r in enumerate(trace.requests)}
+    prompting: dict[int, list[str]] = {}  # iteration -> the rows of its first forward and prompt calls
+    for c in log.calls:
+        if c.kind in ("first", "prompt"):
+            prompting.setdefault(c.iteration, []).extend(c.rids)
     for c in log.calls:
         if c.kind == "sync":  # the rebuild before the next decode
             sync = c
@@ -260,7 +368,24 @@ def relog(trace: Trace, log: EventLog, largest: int = 0) -> EventLog:
         start, synced = (sync.start, sync.end) if sync is not None else (c.start, None)
         state.admit(start)
         state.iteration = c.iteration
-        work = Prefill(c.rids[0], c.tokens) if c.kind == "prefill" else Decode(c.rids, c.batched)
-        state.apply(work, start, c.end, synced)
+        if c.kind in ("first", "prompt"):  # BatchGenerator admits (FIFO) before either runs
+            joining = sorted((r for r in prompting.pop(c.iteration, ()) if r not in state.kv.prompt.rows),
+                             key=order.get)
+            if joining:
+                state.apply(JoinPrompt(tuple(joining)), start, start)
+        state.apply(work_of(c), start, c.end, synced)
         sync = None
     return state.log
+
+
+def work_of(c: Call) -> Work:
+    """The work a logged call ran (a sync is part of the decode after it)."""
+    if c.kind == "prefill":
+        return Prefill(c.rids[0], c.tokens)
+    if c.kind == "prompt":
+        return BatchPrefill(tuple(zip(c.rids, c.chunks)))
+    if c.kind == "first":
+        return FirstForward(c.rids)
+    if c.kind == "generate":
+        return Generate(c.rids)
+    return Decode(c.rids, c.batched)

@@ -19,7 +19,7 @@ from sim.costmodel import CostModel
 from sim.kvcache import write
 from sim.residuals import price
 from sim.state import EngineState
-from sim.work import Decode, Prefill, Work
+from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 
 
 def call_costs(cost: CostModel, state: EngineState, work: Work) -> tuple[float, float]:
@@ -27,7 +27,17 @@ def call_costs(cost: CostModel, state: EngineState, work: Work) -> tuple[float, 
     as its logged calls would be (`sim.residuals.price`): the batch cache's rebuild first (0 unless
     requests join or leave it), then the call itself."""
     try:
+        if isinstance(work, JoinPrompt):
+            return 0.0, 0.0  # no model call (`sim.work.JoinPrompt`)
         (sync_written, sync_fresh), (written, fresh) = state.kv_rows(work)
+        if isinstance(work, BatchPrefill):
+            contexts = [state.queued[r].prefilled for r, _ in work.rows]
+            return 0.0, price(cost, "prompt", max(n for _, n in work.rows), state.kv.prompt.idx, contexts, True, 0, 0,
+                              written, fresh)
+        if isinstance(work, (FirstForward, Generate)):
+            kind, states = ("first", state.queued) if isinstance(work, FirstForward) else ("generate", state.ready)
+            contexts = [states[r].req.prompt_len if kind == "first" else states[r].context for r in work.rids]
+            return 0.0, price(cost, kind, len(contexts), 0, contexts, True, 0, 0, written, fresh)
         if isinstance(work, Prefill):
             return 0.0, price(cost, "prefill", work.tokens, state.queued[work.rid].prefilled, (), True, 0, 0,
                               written, fresh)
