@@ -2,7 +2,8 @@
 
 The loop is the simulator's, with the wall clock instead of a cost model: admit what has arrived,
 ask the policy, run each call, hand the state its start and end times. Times are taken with
-`time.perf_counter()` after the step functions have evaluated their results.
+`time.perf_counter()` after the step functions have evaluated their results. mlx-lm's calls
+(the mlx-lm policy) run on mlx-lm's own batch classes (`calibrate.mlxlm_batches`).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from calibrate.model import LoadedModel
 from policies.base import Policy
 from sim.log import EventLog
 from sim.state import EngineError, EngineState
-from sim.work import Decode, Prefill, Work
+from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 from traces.trace import Request, Trace
 
 
@@ -32,6 +33,7 @@ class RealRun:
     log: EventLog
     outputs: dict[str, list[int]]  # greedy token ids per request
     idle_s: float = 0.0  # time spent waiting for arrivals
+    inserted: dict[str, int] = field(default_factory=dict)  # request -> the iteration it was first seen before
 
 
 @dataclass
@@ -44,6 +46,10 @@ class RealEngine:
         """Serve `trace` under `policy` in real time; requests arrive at their trace times."""
         state = EngineState(trace, self.largest)
         self.caches, self.batch = {}, DecodeBatch(self.lm)
+        self.mlx = None
+        if getattr(policy, "engine", "pdsim") == "mlx-lm":
+            from calibrate.mlxlm_batches import MlxLmBatches
+            self.mlx = MlxLmBatches(self.lm, policy.prefill_step)
         self.prompts = {r.id: prompt_tokens(r, self.lm.vocab_size) for r in trace.requests}
         self.outputs: dict[str, list[int]] = {r.id: [] for r in trace.requests}
         for r in trace.requests:  # prefilled requests: prefill and first token before the clock
@@ -77,6 +83,9 @@ class RealEngine:
 
     def _run(self, work: Work, state: EngineState, clock) -> float | None:
         """Run one call; for a batched decode, the clock when the batch cache's sync ended."""
+        if not isinstance(work, (Prefill, Decode)):
+            self._run_mlx_lm(work, state)
+            return None
         if isinstance(work, Prefill):
             s = state.queued[work.rid]
             cache = self.caches.setdefault(work.rid, new_cache(self.lm))
@@ -100,8 +109,24 @@ class RealEngine:
             self.outputs[rid].append(tok)
         return synced
 
+    def _run_mlx_lm(self, work: Work, state: EngineState) -> None:
+        """An mlx-lm call on mlx-lm's batches; a generation step's tokens are the outputs."""
+        if isinstance(work, JoinPrompt):
+            self.mlx.join(list(work.rids), [state.queued[r].req.output_len for r in work.rids])
+        elif isinstance(work, BatchPrefill):
+            self.mlx.prefill([self.prompts[r][state.queued[r].prefilled:state.queued[r].prefilled + n]
+                              for r, n in work.rows])
+        elif isinstance(work, FirstForward):
+            self.mlx.first_forward(list(work.rids), [self.prompts[r][-1] for r in work.rids])
+        else:
+            assert isinstance(work, Generate)
+            for rid, token in self.mlx.generate():
+                self.outputs[rid].append(token)
+
     def _free_finished(self, work: Work, state: EngineState) -> None:
         """Drop finished requests' own caches (the batch filters them out at its next change)."""
+        if not isinstance(work, (Prefill, Decode)):
+            return
         rids = (work.rid,) if isinstance(work, Prefill) else work.rids
         for rid in rids:
             if rid not in state.queued and rid not in state.ready:

@@ -31,8 +31,12 @@ def warmup_trace(trace: Trace, n: int = 2, outputs: int = 4, prompt: int = 64) -
 
 
 def run_spec(spec: dict) -> dict:
+    """The spec's run: `engine` "pdsim" (the default: pdsim's executor runs the setting's policy)
+    or "mlx-lm" (the installed BatchGenerator itself, `calibrate.batchgen`), after the warm-ups."""
     lm = build_as_profiled(spec["model"])
     trace = load_jsonl(spec["trace_path"])
+    if spec.get("engine", "pdsim") == "mlx-lm":
+        return _run_batch_generator(lm, trace, spec)
     engine = RealEngine(lm)
     policy = policies.make(**spec["setting"])
     warmups = [engine.run(warmup_trace(trace), policy).log.to_dict() for _ in range(spec.get("warmup", 1))]
@@ -41,6 +45,24 @@ def run_spec(spec: dict) -> dict:
     return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
             "wall_s": time.perf_counter() - t0, "host": host_info(), "setting": spec["setting"],
             "warmups": warmups}
+
+
+def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
+    from calibrate.batchgen import run_batch_generator
+    from calibrate.mlxlm_batches import installed_version
+    warmups, largest, checks = [], 0, []
+    for _ in range(spec.get("warmup", 1)):
+        run, check, largest = run_batch_generator(lm, warmup_trace(trace), spec["setting"], largest)
+        warmups.append(run.log.to_dict())
+        checks.append(check)
+    t0 = time.perf_counter()
+    run, check, _ = run_batch_generator(lm, trace, spec["setting"], largest)
+    checks.append(check)
+    return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
+            "wall_s": time.perf_counter() - t0, "host": host_info(), "setting": spec["setting"],
+            "warmups": warmups, "engine": {"name": "mlx-lm", "version": installed_version()},
+            "check": {"policy_mismatches": [m for c in checks for m in c.policy_mismatches],
+                      "shape_mismatches": [m for c in checks for m in c.shape_mismatches]}}
 
 
 class RunFailed(RuntimeError):
