@@ -216,6 +216,9 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
     """`fit_profile` of these samples; what the engine replay measured besides its calls (the time
     between calls) is a measurement, not a fit, and is kept. A profile that keeps its engine runs
     has their samples derived again (`engine_samples`)."""
+    if prof.get("engine") == "mlx-lm":
+        from calibrate.mlxlm_calibration import refit_mlx_lm
+        return refit_mlx_lm(prof, seed)
     if prof.get("engine_runs"):  # in the order calibrate writes them: grid, engine runs, then any others
         engine = lambda s: s.get("source", "").startswith(("engine:", HELD_OUT))
         samples = ([s for s in samples if "source" not in s] + engine_samples(prof["engine_runs"])

@@ -14,7 +14,13 @@ def add_parser(sub) -> None:
                        description="Time prefill chunks and decode steps of a Qwen3 model on this device "
                                    "over a grid, fit the cost model, and write a profile JSON.")
     add_model_args(p)
-    p.add_argument("-o", "--out", help="profile to write (default profiles/MODEL-DEVICE.json)")
+    p.add_argument("-o", "--out", help="profile to write (default profiles/MODEL-DEVICE.json; "
+                                        "--engine mlx-lm: profiles/MODEL-DEVICE-mlx-lm.json)")
+    p.add_argument("--engine", choices=["pdsim", "mlx-lm"], default="pdsim",
+                   help="whose calls to time: pdsim's engine (default), or mlx-lm's BatchGenerator (mlx_lm.server: "
+                        "batched prompt calls, generation steps, first forwards, merges; its own grid and engine runs)")
+    p.add_argument("--any-mlx-lm", action="store_true",
+                   help="with --engine mlx-lm: time an mlx-lm version the mlx-lm policy was not checked against")
     p.add_argument("--quick", action="store_true", help="the quick grid (minutes on a laptop CPU)")
     p.add_argument("--grid", choices=["quick", "full", "tiny"], help="grid to time (default full; --quick = quick)")
     p.add_argument("--chunks", type=int, nargs="+", help="override the grid's prefill chunk sizes")
@@ -48,8 +54,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant-bits", type=int, choices=[4, 8], help="quantize weights (mlx.nn.quantize)")
 
 
-def default_profile_path(model: str, device_kind: str) -> Path:
-    return Path("profiles") / f"{model}-{device_kind}.json"
+def default_profile_path(model: str, device_kind: str, engine: str = "pdsim") -> Path:
+    return Path("profiles") / (f"{model}-{device_kind}.json" if engine == "pdsim" else
+                               f"{model}-{device_kind}-{engine}.json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         report(prof, "with added rounds", time.perf_counter() - t0)
         return 0
     grid_name = args.grid or ("quick" if args.quick else "full")
+    if args.engine == "mlx-lm":
+        return run_mlx_lm(args, grid_name, overrides)
     grid = replace(GRIDS[grid_name], **overrides)
     out = Path(args.out) if args.out else None
     t0 = time.perf_counter()
@@ -94,9 +103,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_mlx_lm(args: argparse.Namespace, grid_name: str, overrides: dict) -> int:
+    """`--engine mlx-lm`: mlx-lm BatchGenerator's calls (`calibrate.mlxlm_calibration`)."""
+    from dataclasses import replace
+
+    from calibrate.grid import MLX_GRIDS
+    from calibrate.host import host_info
+    from calibrate.mlxlm_calibration import calibrate_mlx_lm
+    unused = [k for k in overrides if k != "repeats"]
+    if unused or args.add_rounds or args.from_runs:
+        bad = f"--{unused[0]}" if unused else "--add-rounds" if args.add_rounds else "--from-runs"
+        raise ValueError(f"{bad} applies to pdsim's engine, not to --engine mlx-lm")
+    grid = replace(MLX_GRIDS[grid_name], **overrides)
+    out = Path(args.out) if args.out else default_profile_path(args.model, host_info()["kind"], "mlx-lm")
+    t0 = time.perf_counter()
+    prof = calibrate_mlx_lm(args.model, grid, out, dtype=args.dtype, quant_bits=args.quant_bits, weights=args.weights,
+                            seed=args.seed, overwrite=args.overwrite, any_mlx_lm=args.any_mlx_lm)
+    report(prof, grid_name, time.perf_counter() - t0)
+    return 0
+
+
 def report(prof: dict, grid_name: str, wall: float) -> None:
     print(f"calibrated {prof['model']['name']} ({prof['model']['dtype']}) on {prof['device']['name']}, "
-          f"BLAS: {prof['device']['blas']}")
+          f"BLAS: {prof['device']['blas']}" + (f"; mlx-lm {prof['device'].get('mlx_lm')} BatchGenerator's calls"
+                                                if prof.get("engine") == "mlx-lm" else ""))
     print(f"grid {grid_name}: {len(prof['samples'])} points in {wall:.0f} s")
     for step, e in prof["fit"]["errors"].items():
         grid = lambda k: f"; grid interpolation mean {e[k + '_mean']:.1%} max {e[k + '_max']:.1%}" if k + "_mean" in e else ""
@@ -113,6 +143,13 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
               + ("; above 10%: something else ran, or the machine is shared; calibrate again on a quiet machine"
                  if drift > 0.10 else ""))
     c = prof["cost"]
+    if "mlx_lm" in c:
+        report_mlx_lm(c["mlx_lm"])
+    if "decode" not in c:
+        if "replay" in prof["fit"]:
+            report_replay(prof["fit"]["replay"])
+        print(f"wrote {prof['_path']}")
+        return
     d, pf = c["decode"], c["prefill"]
     slopes = f"{d['coef'][2] * 1e6:.2f} us per row-token"
     if "knot" in d:
@@ -131,6 +168,17 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
     if "replay" in prof["fit"]:
         report_replay(prof["fit"]["replay"])
     print(f"wrote {prof['_path']}")
+
+
+def report_mlx_lm(m: dict) -> None:
+    """The fitted mlx-lm forms in a few numbers."""
+    g, pr = m["generate"], m["prompt"]
+    knot = f" up to {g['knot']:.0f} tokens, {g['coef'][3] * 1e6:.2f} us beyond" if "knot" in g else ""
+    print(f"  mlx-lm generation step: {g['coef'][2] * 1e6:.2f} us per row-token{knot}; a first forward "
+          f"{g['first'] * 1e3:.1f} ms more; prompt call attention {pr['coef'][2] * 1e9:.2f} ns per row-token x "
+          f"(position + chunk)")
+    print(f"  mlx-lm KV buffer written {m['copy'] * 1e6:.1f} us per token-row (fresh: {m['fresh'] * 1e6:.1f} us "
+          f"more); host work between next() calls {m['iteration'] * 1e3:.2f} ms")
 
 
 def report_change(before: dict, after: dict) -> None:

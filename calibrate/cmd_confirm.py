@@ -18,6 +18,11 @@ def add_parser(sub) -> None:
                                    "and print predicted vs measured, metric by metric.")
     p.add_argument("--profile", required=True, help="profile from `pdsim calibrate` (names the model)")
     p.add_argument("--force", action="store_true", help="accept a profile measured on another device")
+    p.add_argument("--engine", choices=["pdsim", "mlx-lm"], default="pdsim",
+                   help="pdsim: pdsim's executor runs each setting's policy (default); mlx-lm: the installed "
+                        "mlx_lm BatchGenerator itself runs mlx-lm settings (--policy mlx-lm)")
+    p.add_argument("--any-mlx-lm", action="store_true",
+                   help="run mlx-lm settings with an mlx-lm version the mlx-lm policy was not checked against")
     add_trace_args(p)
     add_policy_args(p, many=True)
     p.add_argument("--repeats", type=positive_int, default=4, help="fresh-process runs per setting (default 4)")
@@ -42,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                          args.rescore)
     else:
         report = confirm(prof, trace_from_args(args), settings_from_args(args), Path(args.out), args.repeats,
-                         args.warmup, args.cooldown, args.force, args.stall_ms)
+                         args.warmup, args.cooldown, args.force, args.stall_ms, args.engine, args.any_mlx_lm)
     return print_report(report, args.out, args.tolerance)
 
 
@@ -54,6 +59,9 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
     print(f"gate: chunked logits match one-shot (rtol=atol=1e-3): "
           f"{all(g['ok'] for g in report['gate']['logits'])}; identical greedy tokens across settings: "
           f"{report['gate']['greedy_tokens_identical']} (timed runs: {report['gate']['timed_runs_identical_tokens']})")
+    if "policy_calls_identical" in report["gate"]:
+        print(f"engine: mlx-lm {report['engine'].get('mlx_lm')} BatchGenerator; its calls are the mlx-lm policy's, "
+              f"call by call, in every run: {report['gate']['policy_calls_identical']} ({report['engine']['timing']})")
     worst = 0.0
     for res in report["results"]:
         rows = []

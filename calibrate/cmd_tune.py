@@ -20,6 +20,21 @@ PRESETS = {
     "gpu": {"trace": ["--num-seqs", "8", "--min-in", "64", "--max-in", "512", "--min-out", "32", "--max-out", "32"],
             "budgets": ["16", "32", "64", "128", "256", "512"], "scale": "tiny-llm's trace as in the seed"},
 }
+# --engine mlx-lm: a server's traffic (Poisson arrivals, prompts longer than the smaller steps) and
+# mlx_lm.server's three flags as the grid; the confirm baseline is the server's defaults.
+MLX_LM_PRESETS = {
+    "cpu": {"trace": ["poisson", "--num-requests", "10", "--rate", "0.4", "--min-in", "32", "--max-in", "256",
+                      "--min-out", "8", "--max-out", "16"],
+            "grid": ["--prefill-step", "32", "64", "128", "512", "2048", "--prompt-concurrency", "1", "2", "4", "8",
+                     "--decode-concurrency", "4", "8", "32"],
+            "scale": "10 Poisson arrivals at 0.4/s, prompts 32..256, 8..16 outputs"},
+    "gpu": {"trace": ["poisson", "--num-requests", "32", "--rate", "2", "--min-in", "64", "--max-in", "2048",
+                      "--min-out", "32", "--max-out", "256"],
+            "grid": ["--prefill-step", "128", "256", "512", "1024", "2048", "--prompt-concurrency", "1", "2", "4", "8",
+                     "--decode-concurrency", "8", "16", "32"],
+            "scale": "32 Poisson arrivals at 2/s, prompts 64..2048, 32..256 outputs"},
+}
+SERVER_DEFAULTS = "mlx-lm:prefill_step=2048,prompt_concurrency=8,decode_concurrency=32"
 
 
 def add_parser(sub) -> None:
@@ -35,6 +50,11 @@ def add_parser(sub) -> None:
     p.add_argument("--slo", nargs="+", metavar="CONSTRAINT",
                    help="pick constraints (default: decode_gap_p95_ms <= 2x a full-batch decode step)")
     p.add_argument("--repeats", type=int, default=3, help="confirm runs per setting (default 3: a median that one noisy run cannot move)")
+    p.add_argument("--engine", choices=["pdsim", "mlx-lm"], default="pdsim",
+                   help="pdsim: tune pdsim's policies on its engine (default); mlx-lm: tune mlx_lm.server's flags "
+                        "(--prefill-step-size, --prompt-concurrency, --decode-concurrency) on BatchGenerator itself")
+    p.add_argument("--any-mlx-lm", action="store_true", help="with --engine mlx-lm: an mlx-lm version the mlx-lm "
+                                                              "policy was not checked against")
     p.add_argument("-o", "--out", help="output folder (default runs/tune-MODEL-DEVICE)")
     p.add_argument("--overwrite", action="store_true", help="reuse an existing output folder's name")
 
@@ -53,7 +73,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"unknown model {args.model!r}; known: {', '.join(QWEN3_CONFIGS)}")
     host = host_info()
     preset = PRESETS[host["kind"]]
-    out = Path(args.out or f"runs/tune-{args.model}-{host['kind']}")
+    if args.engine == "mlx-lm":
+        from calibrate.mlxlm_batches import installed_version
+        from policies.mlxlm import check_version
+        for w in check_version(installed_version(), args.any_mlx_lm):
+            print(f"warning: {w}")
+    out = Path(args.out or f"runs/tune-{args.model}-{host['kind']}" + ("-mlx-lm" if args.engine == "mlx-lm" else ""))
     if out.exists():
         if not args.overwrite:
             raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or -o another folder)")
@@ -63,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {args.model}" + (" — the smallest official Qwen3, so the whole loop fits in minutes on "
                                     "this device" if args.model == "qwen3-0.6b" else ""))
 
-    profile = Path(args.profile) if args.profile else default_profile_path(args.model, host["kind"])
+    profile = Path(args.profile) if args.profile else default_profile_path(args.model, host["kind"], args.engine)
     reuse = profile.exists() and not args.recalibrate
     if reuse:
         try:
@@ -75,9 +100,11 @@ def run(args: argparse.Namespace) -> int:
             reuse = False
     print("\n[1/4] calibrate: " + (f"reusing {profile}" if reuse else f"quick calibration -> {profile}"))
     if not reuse and (code := main(["calibrate", "--model", args.model, "--quick", "-o", str(profile),
-                                    "--overwrite"])):
+                                    "--overwrite", "--engine", args.engine] + (["--any-mlx-lm"] * args.any_mlx_lm))):
         return code
     prof = load_profile(profile)
+    if args.engine == "mlx-lm":
+        return tune_mlx_lm(args, prof, profile, out, host)
 
     trace = out / "trace.jsonl"
     if code := main(["traces", "gen", "tinyllm", *preset["trace"], "-o", str(trace)]):
@@ -102,6 +129,51 @@ def run(args: argparse.Namespace) -> int:
     print("\n[4/4] report")
     return main(["report", "--sweep", str(out / "sweep"), "--confirm", str(out / "confirm.json"),
                  "--profile", str(profile), "-o", str(out / "report")])
+
+
+def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
+    """Steps 2-4 for mlx_lm.server: sweep its three flags, confirm the pick against the server's
+    defaults on BatchGenerator itself, report, and print the server's command line."""
+    from policies.mlxlm import server_command
+    from sim.cli import main
+    from sim.costmodel import cost_model
+    preset = MLX_LM_PRESETS[host["kind"]]
+    trace = out / "trace.jsonl"
+    if code := main(["traces", "gen", *preset["trace"], "-o", str(trace)]):
+        return code
+    step = cost_model(prof).mlx_lm_call("generate", 4, 0, [128] * 4, 0, 0)
+    slo = args.slo or [f"decode_gap_p95_ms<={2 * step * 1e3:.0f}"]
+    print(f"\n[2/4] sweep of mlx_lm.server's flags on {preset['scale']}; target {' '.join(slo)}, "
+          "maximizing output tokens/s")
+    if code := main(["sweep", "--trace", str(trace), "--policy", "mlx-lm", *preset["grid"], "--profile", str(profile),
+                     "--model", args.model, "--slo", *slo, "-o", str(out / "sweep"), "--logs", "2", "--no-progress"]):
+        return code
+    sweep = json.loads((out / "sweep" / "results.json").read_text())
+    best = sweep["picks"][0]["best"]
+    if best is None:
+        print("no setting meets the target; see the sweep's Pareto front, or pass a looser --slo")
+        return 1
+    row = {r["label"]: r for r in sweep["rows"]}[best]
+    pick = {k: int(row[k]) for k in ("prefill_step", "prompt_concurrency", "decode_concurrency")}
+    settings = [spec_mlx_lm(pick)] + ([SERVER_DEFAULTS] if spec_mlx_lm(pick) != SERVER_DEFAULTS else [])
+    print(f"\n[3/4] confirm the pick {best} against mlx_lm.server's defaults on mlx-lm's BatchGenerator")
+    if code := main(["confirm", "--engine", "mlx-lm", "--profile", str(profile), "--trace", str(trace), "--setting",
+                     *settings, "--repeats", str(args.repeats), "-o", str(out / "confirm.json")]
+                    + (["--any-mlx-lm"] * args.any_mlx_lm)):
+        return code
+    print("\n[4/4] report")
+    if code := main(["report", "--sweep", str(out / "sweep"), "--confirm", str(out / "confirm.json"),
+                     "--profile", str(profile), "-o", str(out / "report")]):
+        return code
+    from calibrate.model import HF_REPOS
+    weights = prof["model"].get("weights")
+    model = weights if weights not in (None, "random") else HF_REPOS.get(args.model, args.model)
+    print(f"\nserve it with the picked flags:\n  {server_command(pick, model)}")
+    return 0
+
+
+def spec_mlx_lm(pick: dict) -> str:
+    return "mlx-lm:" + ",".join(f"{k}={v}" for k, v in pick.items())
 
 
 def default_slo(cost) -> str:

@@ -3,6 +3,9 @@
 Protocol: a correctness gate first; each (setting, repeat) in a fresh process; forward order on
 even repeats and reverse on odd ones; optional cooldown; medians across processes. Finished runs
 are kept in `<report>.runs/`, so an interrupted confirm resumes where it stopped.
+
+`engine` "mlx-lm" runs the installed mlx-lm's BatchGenerator itself (`calibrate.batchgen`) for
+mlx-lm policy settings; every run checks, call by call, that it made the policy's decisions.
 """
 from __future__ import annotations
 
@@ -41,35 +44,71 @@ def model_spec(prof: dict) -> dict:
             "weights": m.get("weights")}
 
 
-def check_inputs(prof: dict, trace: Trace, out: Path, host: dict, force: bool) -> None:
+ENGINES = ("pdsim", "mlx-lm")
+
+
+def check_inputs(prof: dict, trace: Trace, out: Path, host: dict, force: bool, settings: list[dict] = (),
+                 engine: str = "pdsim", any_mlx_lm: bool = False) -> list[str]:
+    """Refuse what cannot run or be predicted, before any run; the warnings to print."""
     if out.exists():
         raise UserError(f"{out} exists; not overwriting it (choose another report path)")
+    warnings = []
+    if engine not in ENGINES:
+        raise UserError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    mlx = [s for s in settings if s["policy"] == "mlx-lm"]
+    if engine == "mlx-lm" and len(mlx) < len(settings):
+        other = next(s for s in settings if s["policy"] != "mlx-lm")
+        raise UserError(f"--engine mlx-lm runs BatchGenerator, whose decisions are the mlx-lm policy's; "
+                        f"setting {setting_label(other)} is another policy")
+    if mlx:
+        from calibrate.mlxlm_batches import installed_version
+        from policies.mlxlm import check_version
+        warnings += check_version(installed_version(), any_mlx_lm)
+        if any(r.prefilled for r in trace.requests):
+            raise UserError("the mlx-lm policy cannot serve requests prefilled before the clock (the trace has some)")
+    if len(mlx) < len(settings) and not getattr(cost_model(prof), "pdsim_forms", True):
+        raise UserError(f"profile {prof.get('_path')} prices mlx-lm's BatchGenerator only; settings of pdsim's "
+                        "policies need a calibration of pdsim's engine (pdsim calibrate without --engine)")
+    if mlx and prof.get("engine", "pdsim") != "mlx-lm":
+        warnings.append(f"profile {prof.get('_path')} was not calibrated on mlx-lm's calls (pdsim calibrate "
+                        "--engine mlx-lm): they are priced by pdsim's forms")
     for w in check_profile_matches(prof, device=host["id"], force=force):
         print(f"warning: {w}")
     limit = prof["model"].get("max_context")
     longest = max(r.prompt_len + r.output_len for r in trace.requests)
     if limit and longest > limit:
         raise UserError(f"trace needs {longest} tokens of context; {prof['model']['name']} allows {limit}")
+    return warnings
 
 
-def gate(prof: dict, trace: Trace, settings: list[dict]) -> dict:
-    """Chunked vs one-shot logits for every budget; identical greedy tokens across settings."""
+def gate(prof: dict, trace: Trace, settings: list[dict], engine: str = "pdsim") -> dict:
+    """Chunked vs one-shot logits for every budget (mlx-lm: every prefill step); identical greedy
+    tokens across settings (mlx-lm: BatchGenerator's under every setting, and pdsim's eager engine's)."""
     spec = model_spec(prof)
     lm = build_as_profiled(dict(spec, dtype="float32", quant_bits=None))  # the gate's tolerances are for FP32
     req = max(trace.requests[:4], key=lambda r: r.prompt_len)
     prompt = prompt_tokens(req, lm.vocab_size)
-    budgets = sorted({s["budget"] for s in settings if s.get("budget")} or {max(1, len(prompt) // 3)})
+    steps = {s.get("budget") or s.get("prefill_step") for s in settings} - {None}
+    budgets = sorted({b for b in steps if b < len(prompt)} or {max(1, len(prompt) // 3)})
     logits = [chunked_logits_match(lm, prompt[:min(len(prompt), 2 * b + 1)], b) for b in budgets]
     from calibrate.executor import RealEngine
-    engine, short = RealEngine(lm), warmup_trace(trace, n=3, outputs=6)
-    outs = [engine.run(short, policies.make(**s)).outputs for s in settings]
+    real, short = RealEngine(lm), warmup_trace(trace, n=3, outputs=6)
+    if engine == "mlx-lm":
+        from calibrate.batchgen import run_batch_generator
+        runs = [run_batch_generator(lm, short, s) for s in settings]
+        outs = [run.outputs for run, _, _ in runs] + [real.run(short, policies.make("eager", batch_size=3)).outputs]
+        same = all(o == outs[0] for o in outs)
+        calls = all(check.ok for _, check, _ in runs)
+        return {"logits": logits, "greedy_tokens_identical": same, "policy_calls_identical": calls,
+                "ok": same and calls and all(g["ok"] for g in logits)}
+    outs = [real.run(short, policies.make(**s)).outputs for s in settings]
     same = all(o == outs[0] for o in outs)
     return {"logits": logits, "greedy_tokens_identical": same,
             "ok": same and all(g["ok"] for g in logits)}
 
 
 def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup: int, cooldown: float,
-            runs_dir: Path) -> list[dict]:
+            runs_dir: Path, engine: str = "pdsim") -> list[dict]:
     """Every (setting, repeat) in its own process, alternating order; returns the runs in run order."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     trace_path = runs_dir / "trace.jsonl"
@@ -84,7 +123,8 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
         label = setting_label(s)
         out = runs_dir / f"r{r}-{label.replace('/', '_')}.json"
         if not out.exists():
-            spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup}
+            spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup,
+                    "engine": engine}
             try:
                 run_fresh(spec, out)
             except RunFailed as e:
@@ -92,6 +132,11 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
             if cooldown:
                 time.sleep(cooldown)
         data = json.loads(out.read_text())
+        check = data.get("check", {})
+        if check.get("policy_mismatches") or check.get("shape_mismatches"):
+            first = (check["policy_mismatches"] + check["shape_mismatches"])[0]
+            raise UserError(f"run {label} repeat {r}: BatchGenerator did not do what pdsim models "
+                            f"(mlx-lm {data.get('engine', {}).get('version')}): {first[:300]}")
         runs.append({"label": label, "setting": s, "repeat": r, **data})
     return runs
 
@@ -163,14 +208,16 @@ def relative_error(predicted: float, measured: float) -> float:
 
 
 def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: int = 4, warmup: int = 1,
-            cooldown: float = 0.0, force: bool = False, stall_ms: float = 100.0) -> dict:
+            cooldown: float = 0.0, force: bool = False, stall_ms: float = 100.0, engine: str = "pdsim",
+            any_mlx_lm: bool = False) -> dict:
     host = host_info()
-    check_inputs(prof, trace, out, host, force)
+    for w in check_inputs(prof, trace, out, host, force, settings, engine, any_mlx_lm):
+        print(f"warning: {w}")
     t0 = time.perf_counter()
-    g = gate(prof, trace, settings)
+    g = gate(prof, trace, settings, engine)
     if not g["ok"]:
         raise UserError(f"correctness gate failed: {json.dumps(g)}")
-    runs = run_all(prof, trace, settings, repeats, warmup, cooldown, out.with_name(out.name + ".runs"))
+    runs = run_all(prof, trace, settings, repeats, warmup, cooldown, out.with_name(out.name + ".runs"), engine)
     results = compare(prof, trace, settings, runs, stall_ms)
     first = {}
     for r in runs:  # every run of every setting must produce the same greedy tokens
@@ -178,6 +225,9 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
     g["timed_runs_identical_tokens"] = all(r["outputs"] == first["outputs"] for r in runs)
     report = {
         "pdsim_confirm": 1,
+        "engine": {"name": engine, "mlx_lm": host.get("mlx_lm"),
+                   **({"timing": "stream synchronized at the end of every next() and before each model call"}
+                      if engine == "mlx-lm" else {})},
         "profile": profile_summary(prof),
         "trace": trace.to_dict(),
         "host": host,
@@ -187,7 +237,7 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
         "gate": g,
         "results": results,
         "runs": [{k: r[k] for k in ("label", "repeat", "setting", "metrics", "log", "outputs", "wall_s", "idle_s",
-                                    "warmups") if k in r} for r in runs],
+                                    "warmups", "engine", "check") if k in r} for r in runs],
         "wall_s": time.perf_counter() - t0,
     }
     atomic_write_json(out, report)
@@ -197,8 +247,9 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
 def profile_summary(prof: dict) -> dict:
     cost = {k: v for k, v in prof["cost"].items() if k not in ("prefill", "decode")}
     cost |= {k: {f: v for f, v in prof["cost"][k].items() if f in ("form", "coef", "knot", "lone")}
-             for k in ("prefill", "decode")}
-    return {"path": prof.get("_path"), "model": prof["model"], "device": prof["device"], "cost": cost}
+             for k in ("prefill", "decode") if k in prof["cost"]}
+    return {"path": prof.get("_path"), "model": prof["model"], "device": prof["device"],
+            "engine": prof.get("engine", "pdsim"), "cost": cost}
 
 
 def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source: str | None = None) -> dict:

@@ -85,3 +85,61 @@ FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 250, 262, 10
 TINY = Grid(chunks=[4, 8, 16, 32], offsets=[0, 16, 48], batches=[1, 2, 3, 4], contexts=[16, 64],
             mixed=[[8, 64]], repeats=3, warmup=1, odd_chunks=spread(3, 30, 4))
 GRIDS = {"quick": QUICK, "full": FULL, "tiny": TINY}
+
+
+@dataclass
+class MlxLmGrid:
+    """mlx-lm BatchGenerator's calls to time (`pdsim calibrate --engine mlx-lm`), each on its own
+    path (`calibrate.mlxlm_profiler`): prompt calls of several rows (each row's chunk; rows with
+    shorter chunks are padded and rolled), at every write position of `offsets` (0: rows with
+    empty caches, as a prompt's first chunk); generation steps; first forwards ([rows, prompt
+    length]); and joins ([batch rows, their context, joining rows, theirs]: the step that pays
+    the generation batch's merge)."""
+    prompts: list[list[int]]
+    offsets: list[int]
+    batches: list[int]
+    contexts: list[int]
+    firsts: list[list[int]] = field(default_factory=list)
+    merges: list[list[int]] = field(default_factory=list)
+    repeats: int = 3
+    warmup: int = 1
+
+    def max_context(self) -> int:
+        return max([o + max(p) for o in self.offsets for p in self.prompts] + self.contexts
+                   + [x for _, x in self.firsts] + [max(m[1], m[3]) for m in self.merges] + [0]) + 2
+
+    def points(self) -> list[dict]:
+        pts = [{"step": "prompt", "chunks": list(p), "idx": o} for o in self.offsets for p in self.prompts]
+        pts += [{"step": "generate", "call": "generate", "batch": b, "context": x}
+                for b in self.batches for x in self.contexts]
+        pts += [{"step": "generate", "call": "first", "batch": b, "context": x} for b, x in self.firsts]
+        pts += [{"step": "generate", "call": "merge", "batch": b, "context": x, "joining": j, "joining_context": y}
+                for b, x, j, y in self.merges]
+        for p in pts:
+            p["key"] = mlx_key_of(p)
+        return pts
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def mlx_key_of(p: dict) -> str:
+    if p["step"] == "prompt":
+        return f"prompt:{','.join(map(str, p['chunks']))}@{p['idx']}"
+    if p["call"] == "merge":
+        return f"merge:{p['batch']}@{p['context']}+{p['joining']}@{p['joining_context']}"
+    return f"{p['call']}:{p['batch']}@{p['context']}"
+
+
+# A quick grid for Qwen3-0.6B on a laptop CPU (a prompt row-token ~9 ms): about 40 s a round.
+MLX_QUICK = MlxLmGrid(prompts=[[16], [64], [128], [256], [16, 16], [64, 64], [128, 128], [16] * 4, [32] * 4,
+                               [64] * 4, [40, 40, 40], [100, 100], [16] * 8, [64, 16], [128, 32, 8], [40, 16, 3, 40]],
+                      offsets=[0, 400], batches=list(range(1, 9)), contexts=[100, 400, 800],
+                      firsts=[[1, 100], [2, 300], [4, 100], [3, 600]],
+                      merges=[[2, 300, 1, 100], [4, 600, 2, 200], [1, 100, 3, 500], [6, 400, 1, 400]], repeats=3,
+                      warmup=0)
+# For qwen3-tiny in tests: the same structure, small and fast.
+MLX_TINY = MlxLmGrid(prompts=[[8], [32], [8, 8], [16, 16, 16], [16, 4], [30, 8, 3]], offsets=[0, 40],
+                     batches=[1, 2, 3, 4], contexts=[20, 70], firsts=[[1, 20], [3, 50]],
+                     merges=[[2, 30, 1, 10], [1, 10, 2, 60]], repeats=3, warmup=1)
+MLX_GRIDS = {"quick": MLX_QUICK, "full": MLX_QUICK, "tiny": MLX_TINY}

@@ -161,14 +161,15 @@ ONCE = {"overhead"}  # steps timed in a run's first round only: the host overhea
 
 def run_grid(lm: LoadedModel, grid: Grid, partial: Path, header: dict, seed: int = 0, progress: bool = True,
              rounds: range | None = None, keys: set[str] | None = None,
-             after_round: Callable[[int], None] | None = None) -> list[dict]:
+             after_round: Callable[[int], None] | None = None, profiler=None) -> list[dict]:
     """Time every grid point (or those in `keys`) once per round, each round in its own shuffled order.
 
     Rounds, not back-to-back repeats: this VM drifts by ~10% over minutes, and repeats timed
     together would carry the drift of their moment into one point's median; across rounds it
     spreads over every point. `after_round(r)` runs when round r is done (the calibration's engine
     runs, so they share the rounds' minutes). Each (point, round) is appended to `partial` as it
-    finishes, so an interrupted run resumes where it stopped.
+    finishes, so an interrupted run resumes where it stopped. `profiler` times the points (default
+    `Profiler`; mlx-lm's grid: `calibrate.mlxlm_profiler.MlxLmProfiler`).
     """
     rounds = rounds if rounds is not None else range(grid.repeats)
     points = [p for p in grid.points() if keys is None or p["key"] in keys]
@@ -179,7 +180,7 @@ def run_grid(lm: LoadedModel, grid: Grid, partial: Path, header: dict, seed: int
         random.Random(f"{seed}/{r}").shuffle(order)
         todo[r] = [p for p in order if (p["key"], r) not in done and (r == rounds[0] or p["step"] not in ONCE)]
     visited: set[str] = set()  # warm-up is per process: a resumed run warms each point again
-    prof = Profiler(lm, grid)
+    prof = profiler or Profiler(lm, grid)
     left = sum(map(len, todo.values()))
     with open(partial, "a") as f, tqdm(desc="calibrating", unit="pt", disable=not progress,
                                        initial=len(done), total=len(done) + left) as bar:

@@ -32,10 +32,11 @@ from traces.trace import Trace
 
 @dataclass(frozen=True)
 class Workload:
-    """One engine run: a trace and the setting it is served under."""
+    """One engine run: a trace, the setting it is served under, and the engine (`calibrate.worker`)."""
     name: str
     trace: Trace
     setting: dict
+    engine: str = "pdsim"
 
 
 def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) -> dict[str, list[Workload]]:
@@ -74,8 +75,8 @@ def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bo
         trace = folder / f"{w.name}.trace.jsonl"
         w.trace.save_jsonl(trace)
         try:
-            out = run_fresh({"model": model, "trace_path": str(trace), "setting": w.setting, "warmup": 1},
-                            folder / f"{w.name}.json")
+            out = run_fresh({"model": model, "trace_path": str(trace), "setting": w.setting, "warmup": 1,
+                             "engine": w.engine}, folder / f"{w.name}.json")
         except RunFailed as e:
             raise UserError(f"engine run {w.name} failed: {e}") from None
         if progress:  # a line, not a bar: these run between the grid's rounds, under its bar
@@ -90,8 +91,13 @@ def samples_from_log(log: EventLog, source: str) -> list[dict]:
 
 def call_sample(c: Call, source: str) -> dict:
     """One call: the shape fields the fit reads (`calibrate.fit`), its kind and its seconds."""
-    s = {"source": source, "call": call_kind(c), "bucket": size_bucket(c.kind, c.tokens), "seconds": c.end - c.start,
-         "written": c.written, "fresh": c.fresh}
+    s = {"source": source, "call": call_kind(c), "bucket": size_bucket(c.kind, c.tokens, len(c.rids)),
+         "seconds": c.end - c.start, "written": c.written, "fresh": c.fresh}
+    if c.kind == "prompt":  # mlx-lm's calls (`calibrate.mlxlm_fit`)
+        return dict(s, step="prompt", rows=len(c.rids), chunk=c.tokens, idx=c.prefix, contexts=list(c.contexts))
+    if c.kind in ("first", "generate"):
+        return dict(s, step="generate", batch=c.tokens, contexts=list(c.contexts), context_max=max(c.contexts),
+                    first=c.kind == "first", joined=c.joined, left=c.left)
     if c.kind == "prefill":
         return dict(s, step="prefill", chunk=c.tokens, prefix=c.prefix, batch=1)
     return dict(s, step="sync" if c.kind == "sync" else "decode", batch=c.tokens, contexts=list(c.contexts),

@@ -42,7 +42,9 @@ class MlxLm:
     prompt_concurrency: int = DEFAULTS["prompt_concurrency"]
     decode_concurrency: int = DEFAULTS["decode_concurrency"]
     name: str = "mlx-lm"
-    steady: ClassVar[bool] = False  # each iteration is priced call by call (`sim.steady` does not apply)
+    # an iteration that is only a step of an unchanged generation batch repeats until a request
+    # arrives or finishes (`sim.steady` prices such stretches at once); the others run one by one
+    steady: ClassVar[bool] = True
     engine: ClassVar[str] = "mlx-lm"  # its calls are BatchGenerator's (`sim.work`)
 
     def __post_init__(self) -> None:

@@ -76,6 +76,9 @@ class CostModel(Protocol):
     def overhead(self, engine: str) -> float:
         """Host work per iteration of this engine ("pdsim" or "mlx-lm"), seconds."""
 
+    def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+        """mlx-lm: `steps` generation steps of the same rows, no copies; the floats of `steps` calls."""
+
 
 @dataclass(frozen=True)
 class Curve:
@@ -129,6 +132,15 @@ class MlxLmCosts:
         k = self.knot
         return dense + n * (c * min(x, k) + e * max(0.0, x - k))
 
+    def steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+        """`step` of `steps` consecutive calls, every context one longer each call."""
+        a, b, c, e = self.step_coef
+        n, x = len(contexts), np.arange(max(contexts), max(contexts) + steps)
+        dense = self.step_dense(n) if self.step_dense else a + b * n
+        if self.knot == float("inf"):
+            return dense + n * (c * x)
+        return dense + n * (c * np.minimum(x, self.knot) + e * np.maximum(0.0, x - self.knot))
+
 
 @dataclass
 class LinearCostModel:
@@ -166,6 +178,9 @@ class LinearCostModel:
 
     def overhead(self, engine: str) -> float:
         return self.mlx.iteration if engine == "mlx-lm" and self.mlx is not None else self.iteration
+
+    def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+        return self.mlx.steps(contexts, steps) if self.mlx is not None else self.decode_steps(contexts, steps)
 
     def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
         n, longest, t = len(contexts), max(contexts), 0.0
@@ -303,6 +318,11 @@ class GridCostModel:
 
     def overhead(self, engine: str) -> float:
         return self.linear.overhead(engine) if engine == "mlx-lm" else self.iteration
+
+    def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+        if self.linear.mlx is not None:
+            return self.linear.generate_steps(contexts, steps)
+        return self.decode_steps(contexts, steps)
 
 
 def _interpolator(points: np.ndarray):

@@ -30,7 +30,7 @@ the call that evaluates them is charged (`KVBuffers.join_prompt`, `batch_prefill
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 STEP = 256  # KVCache.step and BatchKVCache.step
 
@@ -60,7 +60,8 @@ class KVBuffers:
 
     def what_if(self) -> "KVBuffers":
         """A copy to follow a call on without changing these buffers (the batch caches copied too)."""
-        return replace(self, own=dict(self.own), prompt=self.prompt.copy(), gen=self.gen.copy())
+        return KVBuffers(dict(self.own), self.rows, self.idx, self.cap, self.largest, self.written, self.fresh,
+                         self.prompt.copy(), self.gen.copy())
 
     def _new(self, rows: int) -> None:
         """One new array of `rows` token-rows (each layer's keys and values alike)."""
@@ -183,12 +184,18 @@ class KVBuffers:
         self._settle(c)  # the joins and leaves since the last step
         c.update(1)
         self._settle(c)
+        self.leave_gen(leaving)
+        return self.take()
+
+    def leave_gen(self, leaving: set[str]) -> None:
+        """Rows that returned their last token are filtered out of the generation batch (a lazy
+        gather); the last ones leave no cache at all."""
+        c = self.gen
         keep = [i for i, r in enumerate(c.rows) if r not in leaving]
         if not keep:
             self.gen = BatchCache()
         elif len(keep) < len(c.rows):
             c.filter(keep)
-        return self.take()
 
 
 @dataclass
@@ -205,7 +212,7 @@ class BatchCache:
     owed: list[int] = field(default_factory=list)
 
     def copy(self) -> "BatchCache":
-        return replace(self, rows=list(self.rows), pad=list(self.pad), owed=list(self.owed))
+        return BatchCache(list(self.rows), list(self.pad), self.idx, self.cap, self.keys, list(self.owed))
 
     def lengths(self) -> list[int]:
         """Each row's tokens in the cache (real, padding excluded)."""

@@ -148,7 +148,7 @@ class EventLog:
                         ends[last[c.iteration]] = c.end
             else:
                 for col in part.columns:
-                    if col.kind == "decode":
+                    if col.kind in DECODE_KINDS:
                         ends += col.ends
                         its += range(part.iteration, part.iteration + len(col.ends))
         return np.array(ends, float), np.array(its, int)

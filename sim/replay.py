@@ -66,7 +66,7 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool) ->
                 continue
             state.iteration += 1
             steps = steady_steps(policy, state, work) if steady else 0
-            times = steady_times(cost, state, work, steps, t, state.next_arrival) if steps > 1 else None
+            times = steady_times(cost, state, work, steps, t, state.next_arrival, host) if steps > 1 else None
             if times is not None:
                 state.apply_steady(work, *times)
                 t = times[1][-1][-1]

@@ -71,7 +71,7 @@ class EngineState:
         self.arrived = 0
         self.log = EventLog()
         self._returned: tuple[int, list[list[float]]] = (-1, [])  # a `Generate`'s tokens: iteration, lists
-        self._gen_rows: tuple[str, ...] = ()  # the generation batch's rows at its last step
+        self.stepped: tuple[str, ...] = ()  # mlx-lm: the generation batch's rows at its last step
         for r in trace.requests:
             self.log.requests[r.id] = RequestInfo(r.id, r.arrival, r.prompt_len, r.output_len, r.prefilled)
             self.log.tokens[r.id] = []
@@ -288,11 +288,11 @@ class EngineState:
                 self.ready[rid] = s
             return
         states = [self.ready[r] for r in work.rids]
-        before = set(self._gen_rows)
+        before = set(self.stepped)
         joined, left = sum(r not in before for r in work.rids), len(before - set(work.rids))
         self.log.add(Call("generate", start, end, work.rids, len(work.rids), 0, tuple(s.context for s in states),
                           joined, left, self.iteration, written, True, fresh))
-        self._gen_rows = work.rids
+        self.stepped = work.rids
         returned = []
         for s in states:
             s.generated += 1
@@ -313,6 +313,9 @@ class EngineState:
             raise EngineError(f"time went backwards: call [{starts[0][0]}, {ends[0][0]}] after {self.now}")
         columns = []
         for w, begin, end in zip(work, starts, ends):
+            if isinstance(w, Generate):  # mlx-lm: only steps of an unchanged batch (sim.steady)
+                columns.append(self._steady_generate(w, steps, begin, end))
+                continue
             if isinstance(w, Prefill):
                 s = self.queued[w.rid]
                 _, (written, fresh) = self._kv_apply(w, s.prefilled)  # the later chunks fit (sim.steady)
@@ -337,6 +340,24 @@ class EngineState:
         self.log.add_stretch(Stretch(tuple(columns), self.iteration))
         self.iteration += steps - 1
         self.now = ends[-1][-1]
+
+    def _steady_generate(self, w: Generate, steps: int, begin: list[float], end: list[float]) -> Column:
+        """`steps` generation steps of the same rows; rows leave only after the last."""
+        states = [self.ready[r] for r in w.rids]
+        written, fresh = self.kv.generate(w.rids, set())
+        self.kv.gen.idx += steps - 1
+        column = Column("generate", w.rids, len(w.rids), [s.context for s in states], begin, end, written, True, fresh)
+        leaving = set()
+        for s in states:
+            self.log.tokens[s.req.id].extend(end)
+            s.generated += steps
+            if s.generated == s.req.output_len:
+                del self.ready[s.req.id]
+                self.finished += 1
+                leaving.add(s.req.id)
+        self.kv.leave_gen(leaving)
+        self._returned = (-1, [])
+        return column
 
     def _ready_or_finish(self, s: RequestState) -> None:
         if s.output_left == 0:

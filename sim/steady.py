@@ -61,6 +61,8 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
     """
     if not getattr(policy, "steady", False) or sum(isinstance(w, Decode) and w.batched for w in work) > 1:
         return 0
+    if any(isinstance(w, (JoinPrompt, BatchPrefill, FirstForward, Generate)) for w in work):
+        return _generate_steps(state, work)
     steps, seen = None, set()
     for w in work:
         if isinstance(w, Prefill):
@@ -86,6 +88,18 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
     return steps or 0
 
 
+def _generate_steps(state: EngineState, work: list[Work]) -> int:
+    """mlx-lm: an iteration that is one step of the generation batch, on the rows of its last step
+    (nothing joined or left: no rebuild owed), repeats until the first of them returns its last
+    token (or the one before, if a request waits: the row leaving makes room for it in that same
+    iteration), or the batch's buffer would grow after the first step; other iterations run one by one."""
+    if len(work) != 1 or not isinstance(work[0], Generate) or work[0].rids != state.stepped or state.kv.gen.owed:
+        return 0
+    ready = state.ready
+    n = min(ready[r].output_left for r in work[0].rids) - (len(state.queued) > 0)
+    return min(n, _fits(state.kv.gen.cap, state.kv.gen.idx, 1))
+
+
 def _fits(cap: int, idx: int, n: int) -> int:
     """Iterations of n-token writes from `idx` in which no buffer grows after the first (>= 1)."""
     cap = write(cap, idx, n)[0]  # the first may grow it
@@ -93,7 +107,8 @@ def _fits(cap: int, idx: int, n: int) -> int:
 
 
 def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: int, t0: float,
-                 next_arrival: float | None) -> tuple[list[list[float]], list[list[float]]] | None:
+                 next_arrival: float | None, overhead: float | None = None
+                 ) -> tuple[list[list[float]], list[list[float]]] | None:
     """Start and end of every call of the stretch: `starts[i][j]` for call i of iteration j.
 
     The stretch stops before the first iteration that would start at or after `next_arrival`
@@ -103,7 +118,9 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
     """
     columns = []
     for w in work:
-        if isinstance(w, Prefill):
+        if isinstance(w, Generate):
+            costs = cost.generate_steps([state.ready[rid].context for rid in w.rids], steps).tolist()
+        elif isinstance(w, Prefill):
             costs = cost.prefill_steps(w.tokens, state.queued[w.rid].prefilled, steps).tolist()
         else:
             costs = cost.decode_steps([state.ready[rid].context for rid in w.rids], steps, not w.batched).tolist()
@@ -111,7 +128,7 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
         columns.append(costs)
     if min(map(min, columns)) < 0:
         return None
-    n, overhead = len(columns), cost.iteration
+    n, overhead = len(columns), cost.iteration if overhead is None else overhead
     columns[0] = [overhead + c for c in columns[0]]  # host work before each iteration's first call
     clock = list(accumulate(chain.from_iterable(zip(*columns)), initial=t0))  # clock[k]: call k's turn
     if next_arrival is not None:  # iteration j starts at clock[j * n]; keep those before the arrival

@@ -23,7 +23,8 @@ from sim.metrics import Slo, score
 from sim.replay import simulate
 from traces.trace import Request, Trace
 
-SETTING_KEYS = ("policy", "budget", "batch_size", "decode", "order")
+SETTING_KEYS = ("policy", "budget", "batch_size", "decode", "order", "prefill_step", "prompt_concurrency",
+                "decode_concurrency")
 
 
 class SweepError(ValueError):
@@ -154,6 +155,8 @@ def work_estimate(point: Point, trace: Trace) -> float:
     out = sum(r.output_len for r in trace.requests)
     prompt = sum(r.prompt_len for r in trace.requests)
     s = point.setting
+    if s["policy"] == "mlx-lm":
+        return out / s.get("decode_concurrency", 32) + prompt / (s.get("prefill_step", 2048) * s.get("prompt_concurrency", 8))
     one_at_a_time = s["policy"] == "fifo" or s.get("decode") == "single"
     return out / (1 if one_at_a_time else s.get("batch_size", 4)) + prompt / (s.get("budget") or 1e9)
 

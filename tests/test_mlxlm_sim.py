@@ -141,3 +141,14 @@ def test_a_prefilled_request_is_refused():
     trace = Trace([Request("a", 0.0, 8, 3, prefilled=True)])
     with pytest.raises(policies.PolicyError, match="prefilled before the clock"):
         simulate(trace, policies.make("mlx-lm"), LinearCostModel((1e-3, 0, 0), (1e-3, 0, 0)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(traces(), options, costs)
+def test_steady_stretches_write_the_call_by_call_log(trace, opts, cost):
+    """Steps of an unchanged generation batch priced as one stretch give exactly the log of the
+    call-by-call replay (its calls, their floats, every token's time)."""
+    bulk = simulate(trace, policies.make("mlx-lm", **opts), cost)
+    one_by_one = simulate(trace, policies.make("mlx-lm", **opts), cost, steady=False)
+    assert bulk.calls == one_by_one.calls
+    assert bulk.tokens == one_by_one.tokens

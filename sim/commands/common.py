@@ -110,29 +110,42 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
                    help="batched: one call for all; single: one call per request")
     g.add_argument("--order", nargs=n, choices=["chunk-first", "decode-first"],
                    default=["chunk-first"] if many else "chunk-first")
+    for key, default in MLX_LM_DEFAULTS.items():  # mlx_lm.server's flags, for the mlx-lm policy
+        g.add_argument("--" + key.replace("_", "-"), nargs=n, type=positive_int, default=[default] if many else default,
+                       help=policies.OPTION_HELP[key])
     if many:
         g.add_argument("--setting", nargs="+", metavar="POLICY[:KEY=VALUE,...]",
                        help="explicit settings instead of a grid, e.g. eager "
-                            "chunked:budget=128,order=decode-first (keys: budget, batch_size, decode, order; "
+                            "chunked:budget=128,order=decode-first mlx-lm:prefill_step=512 (keys: budget, batch_size, "
+                            "decode, order; mlx-lm: prefill_step, prompt_concurrency, decode_concurrency; "
                             "unset keys take the first value of the grid options)")
+
+
+MLX_LM_DEFAULTS = {"prefill_step": 2048, "prompt_concurrency": 8, "decode_concurrency": 32}  # mlx_lm.server's
+PDSIM_KEYS = ("budget", "batch_size", "decode", "order")
 
 
 def settings_from_args(args: argparse.Namespace) -> list[dict]:
     """The settings the arguments name: explicit `--setting`s, or the grid of the policy options.
 
-    eager and fifo prefill whole prompts, so budgets do not multiply them.
+    eager and fifo prefill whole prompts, so budgets do not multiply them; mlx-lm takes its own
+    three options (mlx_lm.server's flags) and the others take none of them.
     """
     as_list = lambda v: v if isinstance(v, list) else [v]
+    keys = PDSIM_KEYS + tuple(MLX_LM_DEFAULTS)
     if getattr(args, "setting", None):
-        first = {k: as_list(getattr(args, k))[0] for k in ("budget", "batch_size", "decode", "order")}
+        first = {k: as_list(getattr(args, k, MLX_LM_DEFAULTS.get(k)))[0] for k in keys}
         combos = [parse_setting(text, first) for text in args.setting]
     else:
-        combos = [{"policy": pol, "budget": bud, "batch_size": bs, "decode": dec, "order": order}
-                  for pol, bud, bs, dec, order in itertools.product(
-                      as_list(args.policy), as_list(args.budget), as_list(args.batch_size),
-                      as_list(args.decode), as_list(args.order))]
+        combos = []
+        for pol in as_list(args.policy):
+            grid = MLX_LM_DEFAULTS if pol == "mlx-lm" else PDSIM_KEYS
+            values = [as_list(getattr(args, k, MLX_LM_DEFAULTS.get(k))) for k in grid]
+            combos += [{"policy": pol, **dict(zip(grid, v))} for v in itertools.product(*values)]
     out, seen = [], set()
     for s in combos:
+        for k in (PDSIM_KEYS if s["policy"] == "mlx-lm" else MLX_LM_DEFAULTS):
+            s.pop(k, None)
         if s["policy"] in ("eager", "fifo"):
             s["budget"] = None
         policies.make(**s)  # fail early on a bad setting
@@ -152,7 +165,7 @@ def parse_setting(text: str, defaults: dict) -> dict:
         key = key.strip().replace("-", "_")
         if not eq or key not in defaults:
             raise ValueError(f"--setting {text!r}: expected KEY=VALUE with KEY one of {', '.join(defaults)}")
-        if key in ("budget", "batch_size"):
+        if key in ("budget", "batch_size") or key in MLX_LM_DEFAULTS:
             try:
                 s[key] = int(val)
             except ValueError:
@@ -163,6 +176,8 @@ def parse_setting(text: str, defaults: dict) -> dict:
 
 
 def setting_label(s: dict) -> str:
+    if s["policy"] == "mlx-lm":  # step, prompt and decode concurrency: mlx_lm.server's three flags
+        return f"mlx-lm/s{s.get('prefill_step', 2048)}/p{s.get('prompt_concurrency', 8)}/d{s.get('decode_concurrency', 32)}"
     parts = [s["policy"]] + ([f"b{s['budget']}"] if s.get("budget") else []) + [f"bs{s['batch_size']}"]
     if s.get("decode", "batched") != "batched":
         parts.append(s["decode"])

@@ -14,7 +14,7 @@ def run(args: argparse.Namespace) -> int:
     print("policies:")
     for name, (doc, _) in policies.POLICIES.items():
         print(f"  {name:8s} {doc}")
-    print("options (every policy):")
+    print("options (fifo, eager, chunked; mlx-lm takes only its own three, mlx_lm.server's flags):")
     for name, doc in policies.OPTION_HELP.items():
-        print(f"  --{name.replace('_', '-'):12s} {doc}")
+        print(f"  --{name.replace('_', '-'):20s} {doc}")
     return 0

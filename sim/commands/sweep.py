@@ -18,7 +18,8 @@ from sim.sweep import Inputs, Point, SweepError, grid, known_metrics, run_points
 from sim.table import table
 from traces.generators import GENERATORS
 
-GRID_OPTIONS = ("--trace", "--policy", "--budget", "--batch-size", "--decode", "--order")
+GRID_OPTIONS = ("--trace", "--policy", "--budget", "--batch-size", "--decode", "--order", "--prefill-step",
+                "--prompt-concurrency", "--decode-concurrency")
 RESULTS = ("results.csv", "results.json")
 
 
@@ -129,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         "illustrative_profile": bool(prof.get("illustrative")),
         "grid": {"policy": args.policy, "budget": args.budget, "batch_size": args.batch_size,
                  "decode": args.decode, "order": args.order, "rate_scale": args.rate_scale,
+                 "prefill_step": args.prefill_step, "prompt_concurrency": args.prompt_concurrency,
+                 "decode_concurrency": args.decode_concurrency,
                  "setting": getattr(args, "setting", None)},
         "settings": settings, "slo": {"goodput": goodput_items, "constraints": [str(c) for c in constraints]},
         "stall_ms": args.stall_ms, "objective": str(objective), "latency": latency,

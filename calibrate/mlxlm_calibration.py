@@ -1,0 +1,119 @@
+"""`pdsim calibrate --engine mlx-lm`: time mlx-lm BatchGenerator's calls, fit, write a profile.
+
+As pdsim's own calibration (`calibrate.calibration`): a grid of calls timed on their own path in
+shuffled rounds (`calibrate.mlxlm_profiler`), and short engine runs between the rounds, each in
+a fresh process after a warm-up, through the installed BatchGenerator itself (`calibrate.batchgen`):
+two fitted (spread arrivals with prompts longer than the step; all at t=0 with staggered
+outputs, so rows join and leave the generation batch at many sizes) and two held out, never
+fitted, whose calls the fitted model prices by kind. The profile prices mlx-lm's calls only
+(`engine: mlx-lm`); pdsim's own engine needs its own calibration.
+"""
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+from calibrate.calibration import EngineRuns, engine_samples, refuse_existing, warmup_reference
+from calibrate.cmd_calibrate import stamp
+from calibrate.grid import MlxLmGrid
+from calibrate.host import host_info
+from calibrate.mlxlm_batches import installed_version
+from calibrate.mlxlm_fit import fit_mlx_lm, iteration_of
+from calibrate.mlxlm_profiler import MlxLmProfiler
+from calibrate.model import build_model
+from calibrate.profiler import run_grid
+from calibrate.replay import Workload, between_calls_share, relogged
+from policies.mlxlm import check_version
+from sim.errors import UserError
+from sim.files import atomic_write_json
+from traces.generators import fixed, poisson
+from traces.trace import Trace
+
+
+def workloads(max_prompt: int, vocab: int, outputs: int = 12) -> dict[str, list[Workload]]:
+    """BatchGenerator runs: `train` fitted, `held_out` only priced (other seeds and settings)."""
+    def staggered(n, seed):
+        rng = random.Random(seed)
+        return fixed([0.0] * n, [rng.randint(9, max_prompt) for _ in range(n)], [n + 1 + i for i in range(n)],
+                     seed, vocab)
+
+    def spread(n, seed, rate):
+        return poisson(num_requests=n, rate=rate, min_in=9, max_in=max_prompt, min_out=2, max_out=outputs, seed=seed)
+
+    mlx = lambda step, p, d: {"policy": "mlx-lm", "prefill_step": step, "prompt_concurrency": p,
+                              "decode_concurrency": d}
+    return {
+        "train": [Workload("mlx-lm-spread", spread(7, 12, 2.0), mlx(48, 3, 4), "mlx-lm"),
+                  Workload("mlx-lm-staggered", staggered(6, 11), mlx(32, 4, 4), "mlx-lm")],
+        "held_out": [Workload("mlx-lm-spread-held-out", spread(6, 21, 1.5), mlx(40, 2, 3), "mlx-lm"),
+                     Workload("mlx-lm-defaults-held-out", staggered(5, 22), mlx(2048, 8, 32), "mlx-lm")],
+    }
+
+
+def calibrate_mlx_lm(model: str, grid: MlxLmGrid, out: Path, dtype: str = "float32", quant_bits: int | None = None,
+                     weights: str | None = None, seed: int = 0, overwrite: bool = False, progress: bool = True,
+                     any_mlx_lm: bool = False) -> dict:
+    host = host_info()
+    version = installed_version()
+    for w in check_version(version, any_mlx_lm):
+        print(f"warning: {w}")
+    refuse_existing(out, overwrite)
+    t0 = time.perf_counter()
+    lm = build_model(model, dtype=dtype, quant_bits=quant_bits, weights=weights)
+    build_s = time.perf_counter() - t0
+    need = grid.max_context()
+    if need > lm.max_context:
+        raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
+    header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source, "device": host["id"],
+              "grid": grid.to_dict(), "seed": seed, "layout": "mlx-lm rounds+engine", "mlx_lm": version}
+    partial = out.with_name(out.name + ".partial.jsonl")
+    longest = max(max(p) for p in grid.prompts)
+    runs = EngineRuns(lm, workloads(min(longest + longest // 4, 160), lm.vocab_size), partial, progress)
+    after = runs.schedule(grid.repeats)
+    samples = run_grid(lm, grid, partial, header, seed=seed, progress=progress,
+                       after_round=lambda r: runs.run(after[r]), profiler=MlxLmProfiler(lm, grid))
+    engine = runs.records()
+    samples += engine_samples(engine)
+    fitted = fitted_profile(samples, engine, seed)
+    prof = {
+        "pdsim_profile": 1,
+        "illustrative": False,
+        "engine": "mlx-lm",
+        "created": stamp(),
+        "model": {"name": model, "shapes": lm.config, "dtype": dtype, "quant_bits": quant_bits,
+                  "weights": lm.source, "max_context": lm.max_context},
+        "device": host,  # its `mlx_lm` is the version whose BatchGenerator was timed
+        "grid": grid.to_dict(),
+        "build_s": build_s,
+        "calibrate_s": time.perf_counter() - t0,
+        **fitted,
+        "samples": samples,
+        "engine_runs": engine,
+    }
+    atomic_write_json(out, prof, overwrite=overwrite)
+    partial.unlink(missing_ok=True)
+    prof["_path"] = str(out)
+    return prof
+
+
+def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0) -> dict:
+    """`fit_mlx_lm` of the samples, with the host work between next() calls measured in the
+    fitted engine runs, the held-out runs' share between calls, and the warm-ups' speed."""
+    logs = {r["name"]: relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
+            for r in engine}
+    train = [logs[r["name"]] for r in engine if r["part"] == "train"]
+    fitted = fit_mlx_lm(samples, iteration_of(train), seed)
+    if "replay" in fitted["fit"]:
+        fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
+            [logs[r["name"]] for r in engine if r["part"] == "held_out"])
+    fitted["fit"]["warmup_ratio"] = warmup_reference(engine, fitted)
+    return fitted
+
+
+def refit_mlx_lm(prof: dict, seed: int = 0) -> dict:
+    """An mlx-lm profile's grid samples and engine runs fitted again (today's KV rules and forms)."""
+    samples = [s for s in prof["samples"] if "source" not in s] + engine_samples(prof.get("engine_runs", []))
+    prof["samples"] = samples
+    return fitted_profile(samples, prof.get("engine_runs", []), seed)
+

@@ -1,0 +1,142 @@
+"""Fit mlx-lm BatchGenerator's cost forms (`sim.costmodel.MlxLmCosts`) and say how well they predict.
+
+Two steps, as in `calibrate.fit`: the generation batch's calls first (steps, first forwards and
+joins, the joins' and the engine runs' KV copies: a token-row written and a fresh one are priced
+here), then the prompt calls with the copy prices known. Each is a non-negative least squares on
+relative error over a hat basis for dense(n) (n = rows through the weights: the batch, or rows x
+the longest chunk) and the attention terms; errors on a seeded quarter held out and by 4-fold
+cross-validation, and the calls of held-out BatchGenerator runs priced by kind (`fit.replay`).
+"""
+from __future__ import annotations
+
+import random
+import statistics
+
+import numpy as np
+
+from calibrate.fit import FOLDS, TARGET, _folds, _nnls, knot_of, repeat_noise, speed_by_round
+from sim.costmodel import MLX_PROMPT_FORM, MLX_STEP_FORM, Curve, LinearCostModel, MlxLmCosts
+from sim.residuals import summarize
+
+HELD_OUT = "held-out:"
+
+
+def _size(step: str, s: dict) -> int:
+    return s["rows"] * s["chunk"] if step == "prompt" else s["batch"]
+
+
+def _hats(sizes: list[int]) -> list[Curve]:
+    return [Curve(tuple(sizes), tuple(float(i == k) for i in range(len(sizes)))) for k in range(len(sizes))]
+
+
+def _terms(step: str, s: dict, knot: float) -> list[float]:
+    """The physical terms besides dense(n): prompt rows*L*(idx + L) and rows*idx; a step
+    batch*(c*min(x, knot) + e*max(0, x - knot)), a first forward's constant, KV copies."""
+    if step == "prompt":
+        return [s["rows"] * s["chunk"] * (s["idx"] + s["chunk"]), s["rows"] * s["idx"]]
+    x, b = s["context_max"], s["batch"]
+    att = [b * min(x, knot), b * max(0.0, x - knot)] if knot < np.inf else [b * x]
+    return att + [float(bool(s.get("first"))), s.get("written", 0), s.get("fresh", 0)]
+
+
+def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0, 0.0)) -> MlxLmCosts:
+    """One step's form; `copies` (per written, per fresh token-row) are known for prompt calls."""
+    sizes = sorted({_size(step, s) for s in samples})
+    hats = _hats(sizes)
+    knot = knot_of(samples) if step == "generate" else np.inf
+    X = np.array([[h(_size(step, s)) for h in hats] + _terms(step, s, knot) for s in samples])
+    y = np.array([s["seconds"] for s in samples])
+    known = np.array([copies[0] * s.get("written", 0) + copies[1] * s.get("fresh", 0) for s in samples])
+    x = _nnls(X, y, y - known if step == "prompt" else y)
+    dense = Curve(tuple(float(n) for n in sizes), tuple(float(v) for v in x[:len(sizes)]))
+    rest = [float(v) for v in x[len(sizes):]]
+    if step == "prompt":
+        return MlxLmCosts((0.0, 0.0, rest[0], rest[1]), (0.0, 0.0, 0.0, 0.0), prompt_dense=dense,
+                          copy=copies[0], fresh=copies[1])
+    att, first, copy, fresh = (rest[:2], *rest[2:]) if knot < np.inf else ([rest[0], rest[0]], *rest[1:])
+    return MlxLmCosts((0.0, 0.0, 0.0, 0.0), (0.0, 0.0, att[0], att[1]), step_dense=dense, knot=knot, first=first,
+                      copy=copy, fresh=fresh)
+
+
+def price(m: MlxLmCosts, step: str, samples: list[dict]) -> np.ndarray:
+    copies = np.array([m.copy * s.get("written", 0) + m.fresh * s.get("fresh", 0) for s in samples])
+    if step == "prompt":
+        return copies + np.array([m.prompt(s["rows"], s["chunk"], s["idx"]) for s in samples])
+    return copies + np.array([m.step([s["context_max"]] * s["batch"]) + (m.first if s.get("first") else 0.0)
+                              for s in samples])
+
+
+def _held_out(step: str, pts: list[dict], tests: list[set[int]], copies) -> np.ndarray:
+    errs = []
+    for held in tests:
+        train = [p for i, p in enumerate(pts) if i not in held]
+        test = [p for i, p in enumerate(pts) if i in held]
+        y = np.array([s["seconds"] for s in test])
+        errs.append(np.abs(price(fit_step(step, train, copies), step, test) - y) / y)
+    return np.concatenate(errs)
+
+
+def fit_mlx_lm(samples: list[dict], iteration: float, seed: int = 0) -> dict:
+    """The profile's `cost.mlx_lm` and `fit` sections; marks held-out samples and fills in `fitted`.
+    Calls of held-out BatchGenerator runs are only priced (`fit.replay`)."""
+    held_runs = [s for s in samples if s.get("source", "").startswith(HELD_OUT)]
+    fitted = [s for s in samples if not s.get("source", "").startswith(HELD_OUT)]
+    forms, errors, copies = {}, {}, (0.0, 0.0)
+    for step in ("generate", "prompt"):
+        pts = [s for s in fitted if s["step"] == step]
+        if len(pts) < 8:
+            raise ValueError(f"mlx-lm calibration has only {len(pts)} {step} points; need at least 8")
+        sizes = [_size(step, p) for p in pts]
+        held = _folds(sizes, random.Random(f"{seed}/{step}"))[0]
+        for i, p in enumerate(pts):
+            p["held_out"] = i in held
+        e = _held_out(step, pts, [held], copies)
+        cv = _held_out(step, pts, _folds(sizes, random.Random(f"cv{seed}")), copies)
+        errors[step] = {"held_out": len(held), "train": len(pts) - len(held), "form_mean": float(e.mean()),
+                        "form_max": float(e.max()), "cv_folds": FOLDS, "cv_form_mean": float(cv.mean()),
+                        "cv_form_max": float(cv.max()), "repeat_noise": repeat_noise(pts)}
+        forms[step] = fit_step(step, pts, copies)
+        for p, f in zip(pts, price(forms[step], step, pts)):
+            p["fitted"] = float(f)
+        if step == "generate":
+            copies = (forms[step].copy, forms[step].fresh)
+    g, pr = forms["generate"], forms["prompt"]
+    section = {
+        "prompt": {"form": MLX_PROMPT_FORM, "coef": list(pr.prompt_coef), "dense": _pairs(pr.prompt_dense)},
+        "generate": {"form": MLX_STEP_FORM, "coef": list(g.step_coef), "dense": _pairs(g.step_dense),
+                     **({"knot": g.knot} if g.knot < np.inf else {}), "first": g.first},
+        "copy": g.copy, "fresh": g.fresh, "iteration": iteration,
+    }
+    fit = {"errors": errors, "target": TARGET, "speed_by_round": speed_by_round(samples)}
+    if held_runs:
+        fit["replay"] = replay_errors(held_runs, section)
+    return {"cost": {"mlx_lm": section}, "fit": fit}
+
+
+def _pairs(c: Curve) -> list[list[float]]:
+    return [[x, y] for x, y in zip(c.sizes, c.seconds)]
+
+
+def cost_of(section: dict) -> LinearCostModel:
+    from sim.costmodel import mlx_lm_costs
+    return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx_lm_costs(section), pdsim_forms=False)
+
+
+def replay_errors(calls: list[dict], section: dict) -> dict:
+    """Calls of BatchGenerator runs the fit has not seen, priced: predicted/measured by kind and size."""
+    m = cost_of(section).mlx
+    ratios = [(s["call"], s["bucket"], float(price(m, s["step"], [s])[0] / s["seconds"])) for s in calls]
+    copy = sum(m.copy * s.get("written", 0) + m.fresh * s.get("fresh", 0) for s in calls)
+    return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
+            "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0)}
+
+
+def iteration_of(logs) -> float:
+    """Host work between two next() calls (median over iterations), waits for arrivals excluded."""
+    gaps = []
+    for log in logs:
+        calls, arrivals = log.calls, sorted(r.arrival for r in log.requests.values())
+        for a, b in zip(calls, calls[1:]):
+            if b.iteration != a.iteration and not any(a.end <= t <= b.start for t in arrivals):
+                gaps.append(b.start - a.end)
+    return float(statistics.median(gaps)) if gaps else 0.0
