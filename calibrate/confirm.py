@@ -19,7 +19,7 @@ from calibrate.gate import chunked_logits_match
 from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
-from calibrate.replay import relogged, warmup_ratio
+from calibrate.replay import relogged
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.errors import UserError
 from sim.commands.common import setting_label
@@ -119,33 +119,10 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
             med = statistics.median(vals)
             measured[k] = {"median": med, "min": min(vals), "max": max(vals)}
             errors[k] = relative_error(predicted[k], med)
-        result = {"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
-                  "measured": measured, "rel_error": errors,
-                  "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False)}
-        speed = machine_speed(prof, trace, mine, cost)
-        if speed:
-            result["speed"] = speed
-            result["adjusted_error"] = {k: relative_error(predicted[k] / speed["median"] if k in RATES
-                                                          else predicted[k] * speed["median"], measured[k]["median"])
-                                        for k in measured}
-        results.append(result)
+        results.append({"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
+                        "measured": measured, "rel_error": errors,
+                        "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False)})
     return results
-
-
-RATES = {"output_tok_s"}  # compared metrics that are rates (the rest are times)
-
-
-def machine_speed(prof: dict, trace: Trace, runs: list[dict], cost: CostModel) -> dict | None:
-    """How slow the machine ran during these runs against during the calibration: each run's
-    warm-up (measured over priced time) over the calibration's engine runs' warm-ups. A shared VM
-    drifts by 10-30% over minutes; a miss by that much is the machine's, not the model's, and the
-    errors adjusted for it (times scaled by the speed, rates divided) say what the model missed."""
-    ref = prof.get("fit", {}).get("warmup_ratio")
-    per_run = [warmup_ratio(trace, r.get("warmups") or [], cost) for r in runs]
-    if not ref or not per_run or None in per_run:
-        return None
-    speeds = [x / ref for x in per_run]
-    return {"runs": speeds, "median": statistics.median(speeds), "reference": ref}
 
 
 def call_rows(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:
@@ -186,8 +163,8 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
                      "order": [[r["repeat"], r["label"]] for r in runs]},
         "gate": g,
         "results": results,
-        "runs": [{k: r[k] for k in ("label", "repeat", "setting", "metrics", "log", "outputs", "wall_s", "idle_s",
-                                    "warmups") if k in r} for r in runs],
+        "runs": [{k: r[k] for k in ("label", "repeat", "setting", "metrics", "log", "outputs", "wall_s", "idle_s")}
+                 for r in runs],
         "wall_s": time.perf_counter() - t0,
     }
     atomic_write_json(out, report)

@@ -76,7 +76,7 @@ def key_of(p: dict) -> str:
 # and copies on the executor's own path besides (`calibrate.replay`).
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256], offsets=[0, 250, 700], batches=list(range(1, 9)),
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900]],
-             repeats=4, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104, 200], singles=[100, 333, 777])
+             repeats=4, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777])
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 250, 262, 1024, 2048],
             batches=list(range(1, 17)), contexts=[64, 256, 1024, 2048],
             mixed=[[64, 2048], [128, 256, 512, 1024], [32] * 7 + [2048], [256, 1024, 1024, 2048, 64, 64]],
