@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from sim import metric_registry as registry
 from sim.files import ExistsError, atomic_write_json, atomic_write_text, jsonable
 from sim.metrics import Slo, parse_slo
 from sim.pick import Constraint, Objective, Pick, check_names, default_latency, pick, split_slo, throughput_of
@@ -37,7 +38,7 @@ class SweepPlan:
 
     def __post_init__(self) -> None:
         self.goodput, self.constraints = split_slo(self.slo)
-        self.latency = self.latency or default_latency(self.constraints)
+        self.latency = registry.canonical(self.latency) if self.latency else default_latency(self.constraints)
         check_names(self.constraints, self.objective, self.latency, bool(self.goodput))
 
     @property

@@ -116,6 +116,8 @@ def test_unknown_metric_is_refused_before_running():
     check_names([parse_constraint("goodput_req_s>=1")], Objective(), None, True)
     with pytest.raises(PickError, match="lower is better"):
         check_names([], Objective(), "output_throughput", False)
+    from sim.sweep_results import SweepPlan
+    assert SweepPlan({}, [], {}, latency="duration").latency == "makespan_s"  # an alias names its metric
 
 
 metric = st.one_of(st.floats(0, 100, allow_nan=False), st.just(math.nan))
