@@ -7,7 +7,7 @@ import time
 from itertools import zip_longest
 from pathlib import Path
 
-from calibrate.cmd_calibrate import default_profile_path, stamp
+from calibrate.profile_paths import default_profile_path, stamp
 from calibrate.fit import HELD_OUT, fit_profile
 from calibrate.grid import Grid
 from calibrate.host import host_info

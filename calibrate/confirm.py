@@ -21,18 +21,16 @@ from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
 from calibrate.replay import relogged
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
-from sim.errors import UserError
-from sim.commands.common import setting_label
 from sim.costmodel import CostModel, check_profile_matches, cost_model
-from sim.files import atomic_write_json
+from sim.errors import UserError
+from sim.files import atomic_write_json, jsonable
 from sim.log import EventLog
+from sim.metric_registry import CONFIRMED
 from sim.metrics import score
 from sim.replay import simulate
 from sim.residuals import residual_table
+from sim.settings import setting, setting_label
 from traces.trace import Trace
-
-COMPARED = ["decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "p99_itl_ms",
-            "max_itl_ms", "resume_gap_max_ms", "p50_ttft_ms", "p95_ttft_ms", "output_tok_s", "makespan_s"]
 
 
 def model_spec(prof: dict) -> dict:
@@ -111,7 +109,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
         measured, errors = {}, {}
-        for k in COMPARED:
+        for k in CONFIRMED:
             vals = [r["metrics"].get(k, math.nan) for r in mine]
             vals = [v for v in vals if not math.isnan(v)]
             if not vals or math.isnan(predicted.get(k, math.nan)):
@@ -126,10 +124,9 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
 
 
 def call_rows(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:
-    """`residual_table` of the measured runs: a miss in a run metric, located call by call. A
-    non-finite number becomes null, so the report stays strict JSON."""
-    return [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
-            for row in residual_table(logs, cost, by_size)]
+    """`residual_table` of the measured runs: a miss in a run metric, located call by call
+    (non-finite numbers as None, as the report file holds them)."""
+    return jsonable(residual_table(logs, cost, by_size))
 
 
 def relative_error(predicted: float, measured: float) -> float:
@@ -188,8 +185,9 @@ def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source
     trace = Trace.from_dicts(report["trace"]["requests"], report["trace"]["meta"])
     if trace.sha256() != report["trace"]["sha256"]:
         raise UserError("the report's trace does not match its SHA-256; refusing to rescore it")
-    runs = [dict(r) for r in report["runs"]]
+    runs = [dict(r, label=setting_label(r["setting"])) for r in report["runs"]]  # labels by today's rules
+    settings = [setting(s) for s in report["settings"]]
     new = dict(report, profile=profile_summary(prof), rescored_from=source, runs=runs,
-               results=compare(prof, trace, report["settings"], runs, stall_ms))
+               results=compare(prof, trace, settings, runs, stall_ms))
     atomic_write_json(out, new)
     return new

@@ -12,8 +12,8 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     print("policies:")
-    for name, (doc, _) in policies.POLICIES.items():
-        print(f"  {name:8s} {doc}")
+    for name, info in policies.POLICIES.items():
+        print(f"  {name:8s} {info.doc} (options: {', '.join(info.uses)})")
     print("options (every policy):")
     for name, doc in policies.OPTION_HELP.items():
         print(f"  --{name.replace('_', '-'):12s} {doc}")

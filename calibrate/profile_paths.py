@@ -1,0 +1,15 @@
+"""Where profiles are written by default, and how their creation time is stamped."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def default_profile_path(model: str, device_kind: str) -> Path:
+    """`profiles/MODEL-KIND.json`: the cached profile `pdsim tune` reuses for this model and device kind."""
+    return Path("profiles") / f"{model}-{device_kind}.json"
+
+
+def stamp() -> str:
+    """The current UTC time, to the second, as profiles record it."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
