@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import lsq_linear
 
+from sim.errors import InputError
 from sim.residuals import summarize
 from sim.costmodel import DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel
 
@@ -242,7 +243,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     forms, errors, uses, copies = {}, {}, {}, None
     for step, pts in by_step.items():
         if len(pts) < 4:
-            raise ValueError(f"calibration has only {len(pts)} {step} points; need at least 4")
+            raise InputError(f"calibration has only {len(pts)} {step} points; need at least 4")
         tile = pick_tile(pts, copies or Copies()) if step == "prefill" else None
         sizes = [_size(step, p) for p in pts]
         held = _folds(sizes, random.Random(f"{seed}/{step}"))[0]  # a quarter, every size represented
