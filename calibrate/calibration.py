@@ -35,7 +35,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
               "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine"}
     partial = out.with_name(out.name + ".partial.jsonl")
-    runs = EngineRuns(lm, workloads(max(grid.batches), max(grid.chunks) + max(grid.chunks) // 4, lm.vocab_size),
+    runs = EngineRuns(lm, workloads(max(grid.batches), max(grid.chunks), lm.vocab_size),
                       partial, progress)
     after = runs.schedule(grid.repeats)
     samples = run_grid(lm, grid, partial, header, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
