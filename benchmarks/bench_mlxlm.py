@@ -36,7 +36,7 @@ def main() -> None:
             t0 = time.perf_counter()
             log = simulate(trace, policies.make(**setting), cost)
             t1 = time.perf_counter()
-            m = score(log, resumption=False)
+            m = score(log)
             t2 = time.perf_counter()
             gc.enable()
             base = base or (t1 - t0)

@@ -25,7 +25,7 @@ def main() -> None:
             t0 = time.perf_counter()
             log = simulate(trace, policies.make(**setting), cost)
             t1 = time.perf_counter()
-            m = score(log, resumption=False)
+            m = score(log)
             t2 = time.perf_counter()
             calls = log.call_count
             print(f"{n:6d} requests {setting['policy']:8s} {calls:8d} calls  simulate {t1 - t0:6.2f} s "

@@ -3,20 +3,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import time
 from itertools import zip_longest
 from pathlib import Path
 
-from calibrate.cmd_calibrate import default_profile_path, stamp
+from calibrate.profile_paths import default_profile_path, stamp
 from calibrate.fit import HELD_OUT, fit_profile
 from calibrate.grid import Grid
 from calibrate.host import host_info
 from calibrate.model import LoadedModel, build_as_profiled, build_model
 from calibrate.profiler import merge, run_grid
-from calibrate.replay import (Workload, between_calls_share, relogged, run_workloads, samples_from_log,
-                              warmup_ratio, workloads)
-from sim.costmodel import cost_model, load_profile
+from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
+from sim.costmodel import load_profile
 from sim.log import EventLog
 from traces.trace import Trace
 from sim.errors import UserError
@@ -37,7 +35,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
               "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine"}
     partial = out.with_name(out.name + ".partial.jsonl")
-    runs = EngineRuns(lm, workloads(max(grid.batches), max(grid.chunks) + max(grid.chunks) // 4, lm.vocab_size),
+    runs = EngineRuns(lm, workloads(max(grid.batches), max(grid.chunks), lm.vocab_size),
                       partial, progress)
     after = runs.schedule(grid.repeats)
     samples = run_grid(lm, grid, partial, header, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
@@ -46,7 +44,6 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     fitted = fit_profile(samples, seed=seed)
     fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
         [EventLog.from_dict(r["log"]) for r in engine if r["part"] == "held_out"])
-    fitted["fit"]["warmup_ratio"] = warmup_reference(engine, fitted)
     prof = {
         "pdsim_profile": 1,
         "illustrative": False,
@@ -89,9 +86,9 @@ class EngineRuns:
         todo = [w for w in loads if w.name not in self.done]
         folder = self.partial.with_name(self.partial.name + ".runs")
         with open(self.partial, "a") as f:
-            for w, out in zip(todo, run_workloads(self.model, todo, folder, self.progress)):  # each saved as it ends
-                self.done[w.name] = out
-                f.write(json.dumps({"workload": w.name, **out}) + "\n")
+            for w, log in zip(todo, run_workloads(self.model, todo, folder, self.progress)):  # each saved as it ends
+                self.done[w.name] = log
+                f.write(json.dumps({"workload": w.name, "log": log}) + "\n")
                 f.flush()
 
     def records(self) -> list[dict]:
@@ -99,15 +96,15 @@ class EngineRuns:
         trace and log, as the profile keeps them (`engine_samples` derives the samples again)."""
         self.run([w for ws in self.loads.values() for w in ws])
         shutil.rmtree(self.partial.with_name(self.partial.name + ".runs"), ignore_errors=True)
-        return [{"name": w.name, "part": part, "setting": w.setting, "trace": w.trace.to_dict(), **self.done[w.name]}
-                for part, ws in self.loads.items() for w in ws]
+        return [{"name": w.name, "part": part, "setting": w.setting, "trace": w.trace.to_dict(),
+                 "log": self.done[w.name]} for part, ws in self.loads.items() for w in ws]
 
     def _read(self) -> None:
         for line in self.partial.read_text().splitlines()[1:]:
             try:
                 row = json.loads(line)
                 EventLog.from_dict(row["log"])  # a whole log, or skip it
-                self.done.setdefault(row["workload"], {"log": row["log"], "warmups": row.get("warmups", [])})
+                self.done.setdefault(row["workload"], row["log"])
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):  # grid lines, or one cut short
                 continue
 
@@ -202,16 +199,6 @@ def engine_samples(runs: list[dict]) -> list[dict]:
     return out
 
 
-def warmup_reference(runs: list[dict], fitted: dict) -> float | None:
-    """The engine runs' warm-ups, measured over priced by the fitted model (median): what a
-    confirm run's warm-up is compared with, to say how fast the machine was during that run."""
-    cost = cost_model({"cost": fitted["cost"]})
-    ratios = [warmup_ratio(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r.get("warmups", []), cost)
-              for r in runs]
-    ratios = [x for x in ratios if x is not None]
-    return float(statistics.median(ratios)) if ratios else None
-
-
 def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
     """`fit_profile` of these samples; what the engine replay measured besides its calls (the time
     between calls) is a measurement, not a fit, and is kept. A profile that keeps its engine runs
@@ -225,8 +212,6 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
                    + [s for s in samples if "source" in s and not engine(s)])
         prof["samples"] = samples
     new = fit_profile(samples, seed=seed)
-    if prof.get("engine_runs"):
-        new["fit"]["warmup_ratio"] = warmup_reference(prof["engine_runs"], new)
     old = prof.get("fit", {}).get("replay", {})
     if "replay" in new["fit"] and "between_calls_share" in old:
         new["fit"]["replay"]["between_calls_share"] = old["between_calls_share"]

@@ -22,20 +22,18 @@ from calibrate.gate import chunked_logits_match
 from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
-from calibrate.replay import relogged, warmup_ratio
+from calibrate.replay import relogged
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
-from sim.errors import UserError
-from sim.commands.common import setting_label
 from sim.costmodel import CostModel, check_profile_matches, cost_model
-from sim.files import atomic_write_json
+from sim.errors import UserError
+from sim.files import atomic_write_json, jsonable
 from sim.log import EventLog
+from sim.metric_registry import CONFIRMED
 from sim.metrics import score
 from sim.replay import simulate
 from sim.residuals import residual_table
+from sim.settings import setting, setting_label
 from traces.trace import Trace
-
-COMPARED = ["decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "p99_itl_ms",
-            "max_itl_ms", "resume_gap_max_ms", "p50_ttft_ms", "p95_ttft_ms", "output_tok_s", "makespan_s"]
 
 
 def model_spec(prof: dict) -> dict:
@@ -156,7 +154,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
         measured, errors = {}, {}
-        for k in COMPARED:
+        for k in CONFIRMED:
             vals = [r["metrics"].get(k, math.nan) for r in mine]
             vals = [v for v in vals if not math.isnan(v)]
             if not vals or math.isnan(predicted.get(k, math.nan)):
@@ -164,40 +162,16 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
             med = statistics.median(vals)
             measured[k] = {"median": med, "min": min(vals), "max": max(vals)}
             errors[k] = relative_error(predicted[k], med)
-        result = {"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
-                  "measured": measured, "rel_error": errors,
-                  "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False)}
-        speed = machine_speed(prof, trace, mine, cost)
-        if speed:
-            result["speed"] = speed
-            result["adjusted_error"] = {k: relative_error(predicted[k] / speed["median"] if k in RATES
-                                                          else predicted[k] * speed["median"], measured[k]["median"])
-                                        for k in measured}
-        results.append(result)
+        results.append({"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
+                        "measured": measured, "rel_error": errors,
+                        "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False)})
     return results
 
 
-RATES = {"output_tok_s"}  # compared metrics that are rates (the rest are times)
-
-
-def machine_speed(prof: dict, trace: Trace, runs: list[dict], cost: CostModel) -> dict | None:
-    """How slow the machine ran during these runs against during the calibration: each run's
-    warm-up (measured over priced time) over the calibration's engine runs' warm-ups. A shared VM
-    drifts by 10-30% over minutes; a miss by that much is the machine's, not the model's, and the
-    errors adjusted for it (times scaled by the speed, rates divided) say what the model missed."""
-    ref = prof.get("fit", {}).get("warmup_ratio")
-    per_run = [warmup_ratio(trace, r.get("warmups") or [], cost) for r in runs]
-    if not ref or not per_run or None in per_run:
-        return None
-    speeds = [x / ref for x in per_run]
-    return {"runs": speeds, "median": statistics.median(speeds), "reference": ref}
-
-
 def call_rows(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:
-    """`residual_table` of the measured runs: a miss in a run metric, located call by call. A
-    non-finite number becomes null, so the report stays strict JSON."""
-    return [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
-            for row in residual_table(logs, cost, by_size)]
+    """`residual_table` of the measured runs: a miss in a run metric, located call by call
+    (non-finite numbers as None, as the report file holds them)."""
+    return jsonable(residual_table(logs, cost, by_size))
 
 
 def relative_error(predicted: float, measured: float) -> float:
@@ -237,7 +211,7 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
         "gate": g,
         "results": results,
         "runs": [{k: r[k] for k in ("label", "repeat", "setting", "metrics", "log", "outputs", "wall_s", "idle_s",
-                                    "warmups", "engine", "check") if k in r} for r in runs],
+                                    "engine", "check") if k in r} for r in runs],
         "wall_s": time.perf_counter() - t0,
     }
     atomic_write_json(out, report)
@@ -262,8 +236,9 @@ def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source
     trace = Trace.from_dicts(report["trace"]["requests"], report["trace"]["meta"])
     if trace.sha256() != report["trace"]["sha256"]:
         raise UserError("the report's trace does not match its SHA-256; refusing to rescore it")
-    runs = [dict(r) for r in report["runs"]]
+    runs = [dict(r, label=setting_label(r["setting"])) for r in report["runs"]]  # labels by today's rules
+    settings = [setting(s) for s in report["settings"]]
     new = dict(report, profile=profile_summary(prof), rescored_from=source, runs=runs,
-               results=compare(prof, trace, report["settings"], runs, stall_ms))
+               results=compare(prof, trace, settings, runs, stall_ms))
     atomic_write_json(out, new)
     return new

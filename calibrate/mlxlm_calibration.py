@@ -14,14 +14,14 @@ import random
 import time
 from pathlib import Path
 
-from calibrate.calibration import EngineRuns, engine_samples, refuse_existing, warmup_reference
-from calibrate.cmd_calibrate import stamp
+from calibrate.calibration import EngineRuns, engine_samples, refuse_existing
 from calibrate.grid import MlxLmGrid
 from calibrate.host import host_info
 from calibrate.mlxlm_batches import installed_version
 from calibrate.mlxlm_fit import fit_mlx_lm, iteration_of
 from calibrate.mlxlm_profiler import MlxLmProfiler
 from calibrate.model import build_model
+from calibrate.profile_paths import stamp
 from calibrate.profiler import run_grid
 from calibrate.replay import Workload, between_calls_share, relogged
 from policies.mlxlm import check_version
@@ -99,7 +99,7 @@ def calibrate_mlx_lm(model: str, grid: MlxLmGrid, out: Path, dtype: str = "float
 
 def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0) -> dict:
     """`fit_mlx_lm` of the samples, with the host work between next() calls measured in the
-    fitted engine runs, the held-out runs' share between calls, and the warm-ups' speed."""
+    fitted engine runs, and the held-out runs' share between calls."""
     logs = {r["name"]: relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
             for r in engine}
     train = [logs[r["name"]] for r in engine if r["part"] == "train"]
@@ -107,7 +107,6 @@ def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0) -> di
     if "replay" in fitted["fit"]:
         fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
             [logs[r["name"]] for r in engine if r["part"] == "held_out"])
-    fitted["fit"]["warmup_ratio"] = warmup_reference(engine, fitted)
     return fitted
 
 

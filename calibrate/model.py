@@ -20,6 +20,8 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import qwen3
 
+from sim.errors import UserError
+
 _COMMON = dict(
     model_type="qwen3",
     vocab_size=151936,
@@ -65,7 +67,7 @@ _SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_att
                "num_key_value_heads", "head_dim", "vocab_size")
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """A model cannot be built as asked; the message is one line a user can act on."""
 
 

@@ -1,28 +1,42 @@
 """Scheduling policies, by name. `make(name, **options)` builds one; `POLICIES` lists them."""
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 from policies.base import Options, Policy, PolicyError
 from policies.chunked import Chunked, eager
 from policies.fifo import Fifo
 from policies.mlxlm import MlxLm
 
+
+class PolicyInfo(NamedTuple):
+    """A policy's one-line description, its factory, and the options its loop reads: the others
+    do not change what it runs (`sim.settings` gives them one fixed value, so fifo at batch size 4
+    and at 8 is one setting, swept once)."""
+    doc: str
+    build: Callable[[Options], Policy] | None
+    uses: tuple[str, ...]
+
+
 POLICIES = {
-    "fifo": ("one request at a time: its whole prefill, then all its decodes (the meTile FIFO reference)",
-             lambda o: Fifo(o)),
-    "eager": ("a request's whole prompt in one prefill call, then one decode for every active request",
-              eager),
-    "chunked": ("the pending request prefills at most `budget` tokens per iteration, then one decode "
-                "for every active request", lambda o: Chunked(o)),
-    "mlx-lm": ("mlx-lm's BatchGenerator (mlx_lm.server): one step of the generation batch, then up to "
-               "`prompt_concurrency` prompts prefilled together, `prefill_step` tokens each per call", None),
+    "fifo": PolicyInfo("one request at a time: its whole prefill, then all its decodes (the meTile FIFO reference)",
+                       lambda o: Fifo(o), ("decode",)),
+    "eager": PolicyInfo("a request's whole prompt in one prefill call, then one decode for every active request",
+                        eager, ("batch_size", "decode", "order")),
+    "chunked": PolicyInfo("the pending request prefills at most `budget` tokens per iteration, then one decode "
+                          "for every active request", lambda o: Chunked(o), ("budget", "batch_size", "decode", "order")),
+    # built by `make` from its own options (MLX_LM_OPTIONS), not from `Options`
+    "mlx-lm": PolicyInfo("mlx-lm's BatchGenerator (mlx_lm.server): one step of the generation batch, then up to "
+                         "`prompt_concurrency` prompts prefilled together, `prefill_step` tokens each per call",
+                         None, ("prefill_step", "prompt_concurrency", "decode_concurrency")),
 }
 MLX_LM_OPTIONS = ("prefill_step", "prompt_concurrency", "decode_concurrency")  # mlx-lm's own; no other policy's
 
 OPTION_HELP = {
     "budget": "prompt tokens per iteration (chunked; fifo and eager prefill whole prompts)",
-    "batch_size": "maximum requests decoding at once",
+    "batch_size": "maximum requests decoding at once (eager, chunked; fifo decodes one request at a time)",
     "decode": "batched (one call for all) | single (one call per request)",
-    "order": "chunk-first (tiny-llm) | decode-first (meTile)",
+    "order": "chunk-first (tiny-llm) | decode-first (meTile) (eager, chunked)",
     "prefill_step": "mlx-lm only: prompt tokens per row per call (mlx_lm.server --prefill-step-size, default 2048)",
     "prompt_concurrency": "mlx-lm only: prompts prefilled together (--prompt-concurrency, default 8)",
     "decode_concurrency": "mlx-lm only: requests generating at once; raised to at least prompt_concurrency "
@@ -47,7 +61,7 @@ def make(policy: str, budget: int | None = None, batch_size: int = 4, decode: st
                           "(options of mlx-lm)")
     if policy == "chunked" and budget is None:
         raise PolicyError("policy 'chunked' needs a budget (--budget N)")
-    return POLICIES[policy][1](Options(budget, batch_size, decode, order))
+    return POLICIES[policy].build(Options(budget, batch_size, decode, order))
 
 
-__all__ = ["MLX_LM_OPTIONS", "POLICIES", "Options", "Policy", "PolicyError", "make"]
+__all__ = ["MLX_LM_OPTIONS", "OPTION_HELP", "POLICIES", "Options", "Policy", "PolicyError", "PolicyInfo", "make"]

@@ -1,10 +1,12 @@
 """`pdsim`: one entry point; each subcommand is a module with `add_parser(sub)` and `run(args)`.
 
-Simulation commands live in `sim/commands/`; the ones that run MLX live in `calibrate/` and set
-`NEEDS_MLX = True`, which switches to an optimized BLAS before MLX is imported.
+Every command lives in `sim/commands/` and calls library functions; no library module imports
+the CLI. The commands that run MLX (they import `calibrate` inside `run`, so `sim` itself never
+imports MLX) set `NEEDS_MLX = True`, which switches to an optimized BLAS before MLX is imported.
 
-Errors a user can cause (bad input, missing files, mismatched profiles) print one line and exit 2;
-Ctrl-C exits 130 after whatever was measured has been saved.
+Errors a user can cause (`sim.errors.user_errors`: bad input, missing files, mismatched profiles)
+print one line and exit 2; anything else is a bug and shows its traceback. Ctrl-C exits 130
+after whatever was measured has been saved.
 """
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ COMMANDS = {
     "simulate": "sim.commands.simulate",
     "policies": "sim.commands.policies_cmd",
     "traces": "sim.commands.traces_cmd",
-    "calibrate": "calibrate.cmd_calibrate",
-    "confirm": "calibrate.cmd_confirm",
+    "calibrate": "sim.commands.calibrate_cmd",
+    "confirm": "sim.commands.confirm",
     "sweep": "sim.commands.sweep",
     "report": "sim.commands.report",
-    "tune": "calibrate.cmd_tune",
+    "tune": "sim.commands.tune",
+    "metrics": "sim.commands.metrics_cmd",
 }
 
 

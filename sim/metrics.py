@@ -1,13 +1,19 @@
 """The one metrics module: scores any event log, simulated or measured, by the seeds' definitions.
 
+Each metric's name, unit, definition and direction are in `sim.metric_registry`; `score` returns
+exactly the registry's names, in its order, whatever the run (NaN where a run cannot measure one).
+
 - decode-completion gap (tiny-llm): time between consecutive completed decode calls; an iteration
   that runs no decode resets it (tiny-llm's `benches/bench.py`), and so does idle time waiting for
-  an arrival. Nearest-rank percentiles, `sorted[ceil(q*n)-1]`: p50 is the lower middle of an even
-  count, where tiny-llm's `statistics.median` averages the two middles (`decode_gap_median_ms`).
-- inter-token gaps (meTile): successive differences of each request's emission times, pooled over
-  requests; linear-interpolation percentiles; initial resumption gap: the gap of an already-decoding
-  request that spans a new arrival; stalls: gaps above a threshold, their count and summed excess.
-- TTFT, TPOT, E2E latency, makespan, throughput, goodput (vLLM's serving-benchmark conventions).
+  an arrival. Nearest-rank percentiles, `sorted[ceil(q*n)-1]` (numpy's `inverted_cdf`): p50 is the
+  lower middle of an even count, where tiny-llm's `statistics.median` averages the two middles
+  (`decode_gap_median_ms`).
+- inter-token gaps (meTile, vLLM's ITL): successive differences of each request's emission times,
+  pooled over requests; linear-interpolation percentiles; initial resumption gap: the gap of an
+  already-decoding request that spans a new arrival; stalls: gaps above a threshold, their count
+  and summed excess.
+- TTFT, TPOT, E2E latency, makespan, throughput, goodput: vLLM's serving-benchmark conventions
+  (mean, median, population std, linear percentiles; completed requests only).
 - busy fraction: time in engine calls over the makespan; near 1, arrivals outpace the engine.
 """
 from __future__ import annotations
@@ -18,21 +24,31 @@ from itertools import chain
 
 import numpy as np
 
+from sim.errors import InputError
 from sim.log import EventLog
+from sim.metric_registry import NAMES
 
 SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2el"}
 
 
 def nearest_rank(values, q: float) -> float:
-    """`sorted[ceil(q*n)-1]`: the percentile tiny-llm reports."""
-    v = np.sort(np.asarray(values, float))
-    if not len(v):
-        return math.nan
-    return float(v[max(0, math.ceil(q * len(v)) - 1)])
+    """`sorted[ceil(q*n)-1]`, the percentile tiny-llm reports: numpy's `inverted_cdf` method."""
+    v = np.asarray(values, float)
+    return float(np.percentile(v, q * 100, method="inverted_cdf")) if len(v) else math.nan
 
 
 def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q * 100)) if len(values) else math.nan
+
+
+def _stats(values: np.ndarray, prefix: str, suffix: str, out: dict) -> None:
+    """vLLM's summary of one latency list: mean, median, std (population), p50, p95, p99."""
+    n = len(values)
+    out[f"mean_{prefix}{suffix}"] = float(values.mean()) if n else math.nan
+    out[f"median_{prefix}{suffix}"] = float(np.median(values)) if n else math.nan
+    out[f"std_{prefix}{suffix}"] = float(values.std()) if n else math.nan
+    for q in (50, 95, 99):
+        out[f"p{q}_{prefix}{suffix}"] = _pct(values, q / 100)
 
 
 @dataclass(frozen=True)
@@ -96,7 +112,10 @@ def request_rows(log: EventLog) -> list[dict]:
 
 
 def resumption_gaps(log: EventLog) -> list[tuple[str, str, float]]:
-    """(decoding request, arriving request, gap): the gap of each decoding request spanning an arrival."""
+    """(decoding request, arriving request, gap): the gap of each decoding request spanning an arrival.
+
+    The definition, pair by pair (quadratic in requests); `resumption_summary` computes what
+    `score` reports from it for traces of any size."""
     out = []
     for rid_b, info_b in log.requests.items():
         ta = info_b.arrival
@@ -108,13 +127,43 @@ def resumption_gaps(log: EventLog) -> list[tuple[str, str, float]]:
     return out
 
 
-def score(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0,
-          resumption: bool | None = None) -> dict:
-    """Every metric of the run, as a flat dict (times in ms unless the key says otherwise).
+def resumption_summary(log: EventLog) -> tuple[float, float]:
+    """(max, mean) of `resumption_gaps` in seconds, NaN if there are none, for traces of any size:
+    the (decoding request, arrival) pairs found by binary search over the sorted arrivals, then
+    each pair's first emission after the arrival by a vectorized bisection inside its request's
+    emissions, so the cost follows the pairs that exist, not all requests times all arrivals."""
+    rids = list(log.tokens)
+    lengths = np.fromiter(map(len, log.tokens.values()), int, len(rids))
+    times = np.fromiter(chain.from_iterable(log.tokens.values()), float, int(lengths.sum()))
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    infos = sorted(log.requests.values(), key=lambda i: i.arrival)
+    arrivals = np.fromiter((i.arrival for i in infos), float, len(infos))
+    index = {rid: k for k, rid in enumerate(rids)}
+    owner = np.fromiter((index.get(i.rid, -1) for i in infos), int, len(infos))
+    decoding = np.flatnonzero(lengths >= 2)
+    lo = np.searchsorted(arrivals, times[starts[decoding]], "left")  # arrivals in [first, last) emission
+    hi = np.searchsorted(arrivals, times[ends[decoding] - 1], "left")
+    counts = np.maximum(hi - lo, 0)
+    req = np.repeat(decoding, counts)
+    arr = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - lo, counts)
+    other = owner[arr] != req  # a request's own arrival is not a resumption
+    req, a = req[other], arrivals[arr[other]]
+    if not len(a):
+        return math.nan, math.nan
+    left, right = starts[req], ends[req]  # the first emission later than `a`, in the request's own
+    while (active := left < right).any():
+        mid = (left + right) // 2
+        later = times[np.minimum(mid, len(times) - 1)] > a
+        left = np.where(active & ~later, mid + 1, left)
+        right = np.where(active & later, mid, right)
+    gaps = times[left] - times[left - 1]
+    return float(gaps.max()), float(gaps.mean())
 
-    `resumption` computes initial resumption gaps (quadratic in requests); by default only for
-    traces of at most 200 requests.
-    """
+
+def score(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0) -> dict:
+    """Every metric of the run, as a flat dict in the registry's order (times in ms unless the key
+    says otherwise; NaN where the run cannot measure one, e.g. goodput without a target)."""
     m: dict = {}
     dg = decode_gaps(log) * 1e3
     m["decode_gap_p50_ms"] = nearest_rank(dg, 0.50)
@@ -123,47 +172,40 @@ def score(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0,
     m["decode_gap_max_ms"] = float(dg.max()) if len(dg) else math.nan
 
     itl = inter_token_gaps(log) * 1e3
-    for q in (50, 95, 99):
-        m[f"p{q}_itl_ms"] = _pct(itl, q / 100)
-    m["mean_itl_ms"] = float(itl.mean()) if len(itl) else math.nan
+    _stats(itl, "itl", "_ms", m)
     m["max_itl_ms"] = float(itl.max()) if len(itl) else math.nan
     over = itl[itl > stall_ms]
     m["stall_count"] = int(len(over))
     m["stall_excess_s"] = float((over - stall_ms).sum() / 1e3)
-
-    if resumption if resumption is not None else len(log.requests) <= 200:
-        rg = [g * 1e3 for _, _, g in resumption_gaps(log)]
-        m["resume_gap_max_ms"] = max(rg) if rg else math.nan
-        m["resume_gap_mean_ms"] = float(np.mean(rg)) if rg else math.nan
+    top, mean = resumption_summary(log)
+    m["resume_gap_max_ms"], m["resume_gap_mean_ms"] = top * 1e3, mean * 1e3
 
     rows = latency_rows(log)
     done = [r for r in rows if r["generated"] == r["output_len"]]
-    ttft = np.array([r["ttft"] for r in done if r["ttft"] is not None]) * 1e3
-    tpot = np.array([r["tpot"] for r in done if r["tpot"] is not None]) * 1e3
-    e2el = np.array([r["e2el"] for r in done]) * 1e3
-    for name, v in (("ttft", ttft), ("tpot", tpot), ("e2el", e2el)):
-        m[f"mean_{name}_ms"] = float(v.mean()) if len(v) else math.nan
-        for q in (50, 95, 99):
-            m[f"p{q}_{name}_ms"] = _pct(v, q / 100)
+    for name in ("ttft", "tpot", "e2el"):
+        _stats(np.array([r[name] for r in done if r[name] is not None], float) * 1e3, name, "_ms", m)
 
     starts = [i.arrival for i in log.requests.values()]
     ends = [t[-1] for t in log.tokens.values() if t]
     makespan = max(ends) - min(starts) if ends else math.nan
+    per_s = (lambda n: n / makespan) if makespan > 0 else (lambda n: math.nan)
     # tokens timed in this run: a prefilled request's first token came before the clock started
     out_tokens = sum(len(t) for t in log.tokens.values()) - sum(i.prefilled for i in log.requests.values())
+    in_tokens = sum(r["prompt_len"] for r in done if not r["prefilled"])
     m["makespan_s"] = makespan
     m["completed"] = len(done)
-    m["output_tokens"] = out_tokens
-    m["output_tok_s"] = out_tokens / makespan if makespan > 0 else math.nan
-    m["request_s"] = len(done) / makespan if makespan > 0 else math.nan
-    if slo is not None:
-        good = sum(1 for r in done if _meets(r, slo))
-        m["goodput_req_s"] = good / makespan if makespan > 0 else math.nan
-        m["slo_attained"] = good / len(rows) if rows else math.nan
+    m["total_input_tokens"] = in_tokens
+    m["total_output_tokens"] = out_tokens
+    m["request_throughput"] = per_s(len(done))
+    m["output_throughput"] = per_s(out_tokens)
+    m["total_token_throughput"] = per_s(in_tokens + out_tokens)
+    good = sum(1 for r in done if _meets(r, slo)) if slo is not None else math.nan
+    m["request_goodput"] = per_s(good) if slo is not None else math.nan
+    m["slo_attained"] = good / len(rows) if slo is not None and rows else math.nan
     m["engine_calls"] = log.call_count
     # share of the run the engine was busy: near 1 means arrivals outpace it (queues grow)
-    m["busy_frac"] = log.busy_seconds() / makespan if makespan > 0 else math.nan
-    return m
+    m["busy_frac"] = per_s(log.busy_seconds())
+    return {name: m[name] for name in NAMES}
 
 
 def _meets(r: dict, slo: Slo) -> bool:
@@ -175,16 +217,16 @@ def _meets(r: dict, slo: Slo) -> bool:
 
 
 def parse_slo(items: list[str]) -> Slo:
-    """`["ttft:2000", "tpot:100"]` -> Slo; ValueError naming the bad item."""
+    """`["ttft:2000", "tpot:100"]` -> Slo; InputError naming the bad item."""
     kw = {}
     for item in items:
         key, _, val = item.partition(":")
         if key not in SLO_KEYS or not val:
-            raise ValueError(f"--slo {item!r}: expected KEY:MS with KEY one of {', '.join(SLO_KEYS)}")
+            raise InputError(f"--slo {item!r}: expected KEY:MS with KEY one of {', '.join(SLO_KEYS)}")
         try:
             kw[key] = float(val)
         except ValueError:
-            raise ValueError(f"--slo {item!r}: {val!r} is not a number of milliseconds") from None
+            raise InputError(f"--slo {item!r}: {val!r} is not a number of milliseconds") from None
         if kw[key] <= 0:
-            raise ValueError(f"--slo {item!r}: a target must be > 0 ms")
+            raise InputError(f"--slo {item!r}: a target must be > 0 ms")
     return Slo(**kw)

@@ -3,6 +3,8 @@
 A constraint reads `METRIC<=X` (or >=, <, >); a row meets it only with a finite value that
 satisfies it, so a metric a run could not measure never passes a constraint silently. The pick is
 made within each (trace, rate scale) group: settings are compared on the same traffic only.
+Metric names are the registry's (`sim.metric_registry`); an alias names the same column, and a
+bare objective is optimized in the direction the registry says is better.
 """
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from sim import metric_registry as registry
+from sim.errors import UserError
+
 OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*(\S+)\s*$")
 GROUP_KEYS = ("trace", "rate_scale")
 
 
-class PickError(ValueError):
+class PickError(UserError, ValueError):
     """A constraint or objective that cannot be used; the message names it."""
 
 
@@ -39,7 +44,7 @@ class Constraint:
 
 @dataclass(frozen=True)
 class Objective:
-    metric: str = "output_tok_s"
+    metric: str = registry.DEFAULT_OBJECTIVE
     maximize: bool = True
 
     def __str__(self) -> str:
@@ -57,7 +62,7 @@ def parse_constraint(text: str) -> Constraint:
         raise PickError(f"--slo {text!r}: {val!r} is not a number") from None
     if not math.isfinite(bound):
         raise PickError(f"--slo {text!r}: the bound must be a finite number")
-    return Constraint(metric, op, bound)
+    return Constraint(registry.canonical(metric), op, bound)
 
 
 def split_slo(items: list[str]) -> tuple[list[str], list[Constraint]]:
@@ -74,30 +79,41 @@ def split_slo(items: list[str]) -> tuple[list[str], list[Constraint]]:
 
 
 def parse_objective(text: str) -> Objective:
-    """`max:output_tok_s`, `maximize:output_tok_s`, `min:p99_ttft_ms`; a bare metric is maximized."""
+    """`max:output_throughput`, `maximize:...`, `min:p99_ttft_ms`; a bare metric is optimized in the
+    direction that is better for it (`p99_ttft_ms` minimized, `output_throughput` maximized)."""
     direction, sep, metric = text.partition(":")
+    metric = registry.canonical(metric.strip() if sep else text.strip())
     if not sep:
-        direction, metric = "max", text
+        m = registry.get(metric)
+        if m is None or m.better is None:
+            raise PickError(f"--objective {text!r}: say max:{metric} or min:{metric}"
+                            + ("" if m is None else " (neither is better for it)"))
+        direction = "max" if m.better == "higher" else "min"
     direction = direction.strip().lower()
-    if direction not in ("max", "maximize", "min", "minimize") or not metric.strip():
+    if direction not in ("max", "maximize", "min", "minimize") or not metric:
         raise PickError(f"--objective {text!r}: expected max:METRIC or min:METRIC")
-    return Objective(metric.strip(), direction.startswith("max"))
+    return Objective(metric, direction.startswith("max"))
 
 
-def check_names(constraints: list[Constraint], objective: Objective, latency: str | None,
-                known: list[str], goodput: bool) -> None:
-    """Fail before any simulation if a name is not a column the sweep will produce."""
-    names = set(known)
+def check_names(constraints: list[Constraint], objective: Objective, latency: str | None, goodput: bool,
+                columns: tuple[str, ...] = ("budget", "batch_size", "rate_scale")) -> None:
+    """Fail before any simulation if a name is not a column the sweep will produce (a registry
+    metric, or one of `columns`), or needs a per-request target that was not given."""
+    known = registry.names() + list(columns)
     wanted = [(f"--slo {c}", c.metric) for c in constraints] + [("--objective", objective.metric)]
     if latency:
         wanted.append(("--latency", latency))
     for where, metric in wanted:
-        if metric in ("goodput_req_s", "slo_attained") and not goodput:
+        m = registry.get(metric)
+        if m is not None and m.needs_slo and not goodput:
             raise PickError(f"{where}: {metric} needs a per-request target such as --slo ttft:2000")
-        if metric not in names:
-            close = sorted(n for n in names if metric.split("_")[0] in n)[:6]
+        if metric not in known:
+            close = sorted(n for n in known if metric.split("_")[0] in n)[:6]
             hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(known)}"
             raise PickError(f"{where}: unknown metric {metric!r}; {hint}")
+    lat = registry.get(latency) if latency else None
+    if lat is not None and lat.better != "lower":
+        raise PickError(f"--latency {latency}: the front's latency axis needs a metric where lower is better")
 
 
 def feasible(df: pd.DataFrame, constraints: list[Constraint]) -> pd.Series:
@@ -167,7 +183,7 @@ class Pick:
 
 
 def pick(df: pd.DataFrame, constraints: list[Constraint], objective: Objective, latency: str,
-         throughput: str = "output_tok_s", top: int = 3) -> list[Pick]:
+         throughput: str = registry.DEFAULT_OBJECTIVE, top: int = 3) -> list[Pick]:
     """For each (trace, rate scale) group: the best feasible row, the next `top`, the Pareto front."""
     keys = [k for k in GROUP_KEYS if k in df.columns]
     groups = df.groupby(keys, sort=False, dropna=False) if keys else [((), df)]
@@ -182,13 +198,15 @@ def pick(df: pd.DataFrame, constraints: list[Constraint], objective: Objective, 
 
 
 def default_latency(constraints: list[Constraint]) -> str:
-    """The latency axis of the front: the first upper-bounded `_ms` constraint, else decode gap p95."""
+    """The latency axis of the front: the first upper bound on a time where lower is better, else
+    the decode-completion gap's p95."""
     for c in constraints:
-        if c.op in ("<=", "<") and c.metric.endswith("_ms"):
-            return c.metric
-    return "decode_gap_p95_ms"
+        m = registry.get(c.metric)
+        if c.op in ("<=", "<") and m is not None and m.unit == "ms" and m.better == "lower":
+            return m.name
+    return registry.DEFAULT_LATENCY
 
 
 def throughput_of(objective: Objective) -> str:
-    """The front's throughput axis: the objective when it is maximized, else output tokens/s."""
-    return objective.metric if objective.maximize else "output_tok_s"
+    """The front's throughput axis: the objective when it is maximized, else output throughput."""
+    return objective.metric if objective.maximize else registry.DEFAULT_OBJECTIVE

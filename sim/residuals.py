@@ -101,14 +101,3 @@ def summarize(ratios: list[tuple[str, str, float]], by_size: bool = True) -> lis
                      "ratio_p90": float(np.quantile(a, 0.9)), "ratio_p10": float(np.quantile(a, 0.1)),
                      "abs_error_median": float(np.median(np.abs(a - 1)))})
     return rows
-
-
-def time_ratio(logs: list[EventLog], cost: CostModel) -> float:
-    """Measured over predicted time, summed over every call of the logs: above 1, the machine ran
-    slower than the cost model says."""
-    measured = predicted = 0.0
-    for log in logs:
-        for c in log.calls:
-            measured += c.end - c.start
-            predicted += price_call(cost, c)
-    return measured / predicted if predicted > 0 else float("nan")

@@ -12,22 +12,23 @@ import itertools
 import multiprocessing
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable
+from itertools import repeat
+from typing import Iterable, Mapping
 from uuid import uuid4
 
 import policies
-from sim.costmodel import cost_model
+from sim.costmodel import BUILTIN, cost_model, load_profile
+from sim.errors import UserError
 from sim.metrics import Slo, score
 from sim.replay import simulate
+from sim.settings import KEYS as SETTING_KEYS
+from sim.settings import Setting, setting_label, unique
 from traces.trace import Request, Trace
 
-SETTING_KEYS = ("policy", "budget", "batch_size", "decode", "order", "prefill_step", "prompt_concurrency",
-                "decode_concurrency")
 
-
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
     """A sweep that cannot run (empty grid, unreachable cluster); the message says which."""
 
 
@@ -40,7 +41,6 @@ class Point:
 
     @property
     def label(self) -> str:
-        from sim.commands.common import setting_label
         return setting_label(self.setting)
 
 
@@ -51,7 +51,6 @@ class Inputs:
     profile: dict
     slo: Slo | None = None
     stall_ms: float = 100.0
-    resumption: bool | None = None  # None: metrics' default (only for small traces)
     sha256: dict[str, str] = field(default_factory=dict)
     token: str = field(default_factory=lambda: uuid4().hex)  # names this sweep's inputs on Dask workers
 
@@ -60,9 +59,16 @@ class Inputs:
             self.sha256.setdefault(name, tr.sha256())
 
 
-def grid(settings: list[dict], traces: Iterable[str], rate_scales: Iterable[float] = (1.0,)) -> list[Point]:
-    """Every (trace, rate scale, setting) combination, in that nesting order."""
-    traces, rate_scales = list(traces), list(rate_scales)
+def grid(settings: Iterable[Setting | Mapping], traces: Iterable[str] = ("tinyllm",),
+         rate_scales: Iterable[float] = (1.0,)) -> list[Point]:
+    """Every (trace, rate scale, setting) combination, in that nesting order.
+
+    Settings may name only what differs from the defaults (`{"policy": "chunked", "budget": 64}`);
+    each is completed by `sim.settings`, and settings that run the same work are swept once.
+    Traces are names: of `Inputs.traces`, or, for `run_sweep` without inputs, generator names
+    or trace files.
+    """
+    settings, traces, rate_scales = unique(settings), list(traces), list(rate_scales)
     for what, items in (("settings", settings), ("traces", traces), ("rate scales", rate_scales)):
         if not items:
             raise SweepError(f"empty grid: no {what} to sweep")
@@ -82,7 +88,7 @@ def scale_rate(trace: Trace, factor: float) -> Trace:
 
 
 def evaluate(trace: Trace, setting: dict, cost, slo: Slo | None, stall_ms: float,
-             resumption: bool | None = None, keep_log: bool = False) -> tuple[dict, dict | None]:
+             keep_log: bool = False) -> tuple[dict, dict | None]:
     """Simulate one setting and score it; (metrics, log as a dict if `keep_log`).
 
     The cyclic garbage collector is paused during the replay: the log is millions of small
@@ -92,7 +98,7 @@ def evaluate(trace: Trace, setting: dict, cost, slo: Slo | None, stall_ms: float
     gc.disable()
     try:
         log = simulate(trace, policies.make(**setting), cost)
-        metrics = score(log, slo, stall_ms, resumption=resumption)
+        metrics = score(log, slo, stall_ms)
     finally:
         if was_enabled:
             gc.enable()
@@ -130,8 +136,7 @@ def _trace_for(inputs: Inputs, scaled: dict, point: Point) -> Trace:
 def _run_local(point: Point, keep_log: bool) -> tuple[dict, dict | None]:
     w = _WORKER
     inp: Inputs = w["inputs"]
-    return evaluate(_trace_for(inp, w["scaled"], point), point.setting, w["cost"], inp.slo, inp.stall_ms,
-                    inp.resumption, keep_log)
+    return evaluate(_trace_for(inp, w["scaled"], point), point.setting, w["cost"], inp.slo, inp.stall_ms, keep_log)
 
 
 _DASK_CACHE: dict = {}
@@ -145,7 +150,7 @@ def _run_dask(point: Point, keep_log: bool, inputs: Inputs) -> tuple[dict, dict 
         _DASK_CACHE.clear()
         cache = _DASK_CACHE[inputs.token] = {"cost": cost_model(inputs.profile), "scaled": {}}
     return evaluate(_trace_for(inputs, cache["scaled"], point), point.setting, cache["cost"], inputs.slo,
-                    inputs.stall_ms, inputs.resumption, keep_log)
+                    inputs.stall_ms, keep_log)
 
 
 # --- the driver side ---------------------------------------------------------------------------
@@ -156,9 +161,9 @@ def work_estimate(point: Point, trace: Trace) -> float:
     prompt = sum(r.prompt_len for r in trace.requests)
     s = point.setting
     if s["policy"] == "mlx-lm":
-        return out / s.get("decode_concurrency", 32) + prompt / (s.get("prefill_step", 2048) * s.get("prompt_concurrency", 8))
+        return out / s["decode_concurrency"] + prompt / (s["prefill_step"] * s["prompt_concurrency"])
     one_at_a_time = s["policy"] == "fifo" or s.get("decode") == "single"
-    return out / (1 if one_at_a_time else s.get("batch_size", 4)) + prompt / (s.get("budget") or 1e9)
+    return out / (1 if one_at_a_time else s["batch_size"]) + prompt / (s["budget"] or 1e9)
 
 
 def run_points(points: list[Point], inputs: Inputs, workers: int | None = None, scheduler: str | None = None,
@@ -184,13 +189,14 @@ def run_points(points: list[Point], inputs: Inputs, workers: int | None = None, 
         finally:
             _WORKER.clear()
             gc.unfreeze()
+    # the longest runs first (better packing); map yields in that order, about as they finish
     order = sorted(range(len(points)), key=lambda i: -work_estimate(points[i], inputs.traces[points[i].trace]))
     results: list = [None] * len(points)
     pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_init_worker, initargs=(inputs,))
     try:
-        futures = {pool.submit(_run_local, points[i], keep_logs): i for i in order}
-        for fut in _bar(as_completed(futures), len(points), progress):
-            results[futures[fut]] = fut.result()
+        done = pool.map(_run_local, [points[i] for i in order], repeat(keep_logs))
+        for i, result in zip(order, _bar(done, len(points), progress)):
+            results[i] = result
     except BaseException:  # Ctrl-C or a failed run: do not wait for the queued runs
         pool.shutdown(wait=False, cancel_futures=True)
         raise
@@ -237,22 +243,25 @@ def _bar(items, total: int, progress: bool):
     return tqdm(items, total=total, desc="sweep", unit="run", smoothing=0)
 
 
-def run_sweep(points: list[Point], inputs: Inputs, workers: int | None = None, scheduler=None,
-              progress: bool = True, connect_timeout: float = 10.0):
-    """Run the grid; a pandas DataFrame with one row per point, in grid order."""
+def default_inputs(points: list[Point], profile: dict | str | None = None, slo: Slo | None = None,
+                   stall_ms: float = 100.0) -> Inputs:
+    """Inputs for points that name generators or trace files (`traces.load.resolve`, default
+    options), with `profile` (a dict, a path, or None: the built-in illustrative profile)."""
+    from traces.load import resolve
+    names = list(dict.fromkeys(p.trace for p in points))
+    prof = profile if isinstance(profile, dict) else load_profile(profile or BUILTIN)
+    return Inputs({name: resolve(name) for name in names}, prof, slo, stall_ms)
+
+
+def run_sweep(points: list[Point], inputs: Inputs | None = None, workers: int | None = None, scheduler=None,
+              progress: bool = True, connect_timeout: float = 10.0, *, profile: dict | str | None = None,
+              slo: Slo | None = None, stall_ms: float = 100.0):
+    """Run the grid; a pandas DataFrame with one row per point, in grid order.
+
+    Without `inputs`, the points' traces are resolved by name and `profile` is used
+    (`default_inputs`): `run_sweep(grid([{"policy": "chunked", "budget": b} for b in (32, 128)]))`.
+    """
     import pandas as pd
+    inputs = inputs or default_inputs(points, profile, slo, stall_ms)
     results = run_points(points, inputs, workers, scheduler, False, progress, connect_timeout)
     return pd.DataFrame([row_of(p, inputs, m) for p, (m, _) in zip(points, results)])
-
-
-def known_metrics(goodput: bool = True) -> list[str]:
-    """Every metric name `score` can produce, found by scoring a two-request replay.
-
-    Asking the metrics module itself keeps this list right when metrics are added.
-    """
-    from sim.costmodel import LinearCostModel
-    from traces.generators import fixed
-    tr = fixed([0.0, 0.0], [8, 8], [3, 3], ids=["A", "B"], prefilled=["A"])
-    log = simulate(tr, policies.make("eager"), LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-4, 0.0)))
-    return list(score(log, Slo(ttft=1.0) if goodput else None, resumption=True))
-

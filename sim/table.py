@@ -1,4 +1,10 @@
-"""Plain-text tables for the terminal."""
+"""Plain-text tables for the terminal.
+
+Hand-written on purpose: pandas' `DataFrame.to_string` (the table printer among the dependencies)
+right-aligns every column and has no per-column alignment, while these tables left-align their
+label column, which users and tests read by line prefix (`prefill ...`), and put a rule under the
+header; the whole function is a few lines.
+"""
 from __future__ import annotations
 
 import math

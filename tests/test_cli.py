@@ -21,7 +21,7 @@ def test_simulate_prints_table_and_writes_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "ILLUSTRATIVE" in text and "decode_gap_p95_ms" in text
     data = json.loads(out.read_text())
-    assert data["metrics"]["completed"] == 8 and data["metrics"]["output_tokens"] == 256
+    assert data["metrics"]["completed"] == 8 and data["metrics"]["total_output_tokens"] == 256
     assert len(data["log"]["tokens"]) == 8
     # never overwritten unless asked
     assert main(["simulate", "--json-out", str(out)]) == 2
@@ -40,7 +40,7 @@ def test_smaller_budgets_cut_the_max_gap_and_cost_throughput(capsys):
     _, cost = cost_from_args(argparse.Namespace(profile=None, model=None, force=False))
     rows = [score(simulate(tinyllm(), policies.make("chunked", b, 4), cost)) for b in (32, 128, 512)]
     gaps = [r["decode_gap_max_ms"] for r in rows]
-    tput = [r["output_tok_s"] for r in rows]
+    tput = [r["output_throughput"] for r in rows]
     assert gaps[0] < gaps[1] < gaps[2]
     assert tput[0] < tput[1] < tput[2]
 
@@ -94,11 +94,103 @@ def test_explicit_settings_parse_and_fail_clearly():
     p = argparse.ArgumentParser()
     add_policy_args(p, many=True)
     a = p.parse_args(["--setting", "fifo", "eager", "chunked:budget=32,order=decode-first", "--decode", "single"])
-    assert settings_from_args(a) == [
-        {"policy": "fifo", "budget": None, "batch_size": 4, "decode": "single", "order": "chunk-first"},
+    assert settings_from_args(a) == [  # fifo decodes one request at a time: batch size 1
+        {"policy": "fifo", "budget": None, "batch_size": 1, "decode": "single", "order": "chunk-first"},
         {"policy": "eager", "budget": None, "batch_size": 4, "decode": "single", "order": "chunk-first"},
         {"policy": "chunked", "budget": 32, "batch_size": 4, "decode": "single", "order": "decode-first"}]
     with pytest.raises(ValueError, match="KEY=VALUE"):
         settings_from_args(p.parse_args(["--setting", "chunked:size=3"]))
     with pytest.raises(ValueError, match="whole number"):
         settings_from_args(p.parse_args(["--setting", "chunked:budget=x"]))
+
+
+def test_an_internal_bug_is_a_traceback_not_an_input_error(monkeypatch):
+    """Only input errors are one line and exit 2: a ValueError from pdsim's own code is a bug, and
+    must reach the user (and the test run) with its traceback."""
+    import sim.commands.simulate as cmd
+
+    def broken(*args, **kwargs):
+        raise ValueError("an internal bug")
+    monkeypatch.setattr(cmd, "score", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["simulate"])
+
+
+def test_an_internal_bug_prints_its_traceback(tmp_path):
+    """The same in a fresh process: a policy that returns no work breaks an engine invariant."""
+    script = tmp_path / "run.py"
+    script.write_text("import sys, policies\n"
+                      "from policies.chunked import Chunked\n"
+                      "Chunked.schedule = lambda self, state: []\n"
+                      "from sim.cli import main\n"
+                      "sys.exit(main(['simulate']))\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" in p.stderr and "EngineError" in p.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["simulate", "--trace", "tinyllm", "--rate", "2"], "--rate: does not apply to trace tinyllm"),
+    (["simulate", "--trace", "metile", "--num-seqs", "3"], "--num-seqs: does not apply"),
+    (["simulate", "--trace", "tinyllm", "--arrivals", "gamma"], "--arrivals: does not apply"),
+    (["traces", "gen", "poisson", "--burstiness", "8", "-o", "{tmp}/p.jsonl"], "--burstiness: does not apply"),
+    (["traces", "info", "poisson", "--burstiness", "8"], "--burstiness: does not apply"),
+    (["sweep", "--trace", "tinyllm", "metile", "--rate", "2", "--no-progress"], "--rate: does not apply"),
+])
+def test_options_a_trace_ignores_are_refused(args, needle, tmp_path, capsys):
+    """Every trace option is used or refused: `traces gen poisson --burstiness 8` used to give
+    Poisson arrivals (CV^2 0.94), `--rate` on tinyllm did nothing."""
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_options_given_to_one_of_several_traces_and_to_files(tmp_path, capsys):
+    f = tmp_path / "t.jsonl"
+    assert main(["traces", "gen", "gamma", "--num-requests", "5", "--rate", "2", "--burstiness", "1/3",
+                 "-o", str(f)]) == 0
+    # a pdsim trace file takes no generator options, nor a seed unless it samples
+    for extra in (["--num-requests", "9"], ["--rate", "3"], ["--seed", "1"]):
+        capsys.readouterr()
+        assert main(["simulate", "--trace", str(f), *extra]) == 2
+        assert "does not apply" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(f), "--sample", "3", "--seed", "1"]) == 0
+    # with several traces, each takes the options it has
+    assert main(["sweep", "--trace", "tinyllm", "poisson", "--num-requests", "6", "--rate", "2",
+                 "--policy", "eager", "--no-progress"]) == 0
+
+
+def _strict_json(text: str):
+    """JSON as JavaScript's JSON.parse reads it: no NaN, no Infinity."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_outputs_are_strict_with_null_for_undefined(tmp_path, capsys):
+    """A figure a run cannot measure (one request: no resumption gap) is null, never a bare NaN."""
+    out = tmp_path / "one.json"
+    assert main(["simulate", "--trace", "tinyllm", "--num-seqs", "1", "--json-out", str(out)]) == 0
+    data = _strict_json(out.read_text())
+    assert data["metrics"]["resume_gap_max_ms"] is None and data["metrics"]["request_goodput"] is None
+    # evenly spaced arrivals: CV^2 0, infinite burstiness; undefined gaps with one request
+    trace = tmp_path / "even.jsonl"
+    trace.write_text("".join(json.dumps({"id": str(i), "arrival": float(i), "prompt_len": 4, "output_len": 2}) + "\n"
+                             for i in range(4)))
+    capsys.readouterr()
+    assert main(["traces", "info", str(trace), "--json"]) == 0
+    stats = _strict_json(capsys.readouterr().out)["stats"]
+    assert stats["cv2"] == 0 and stats["burstiness"] is None
+    assert main(["sweep", "--trace", "tinyllm", "--num-seqs", "1", "--policy", "eager", "--no-progress",
+                 "-o", str(tmp_path / "sw")]) == 0
+    rows = _strict_json((tmp_path / "sw" / "results.json").read_text())["rows"]
+    assert rows[0]["resume_gap_max_ms"] is None
+
+
+def test_metrics_command_lists_the_registry(capsys):
+    from sim.metric_registry import METRICS
+    assert main(["metrics"]) == 0
+    out = capsys.readouterr().out
+    for name, m in METRICS.items():
+        assert f"{name}  [{m.unit}" in out
+    assert "alias output_tok_s" in out and "lower is better" in out

@@ -63,16 +63,7 @@ def test_confirm_end_to_end(profile, tmp_path):
             assert all(math.isfinite(c[k]) and c[k] > 0 for k in ("ratio_p10", "ratio_median", "ratio_p90"))
             assert c["ratio_p10"] <= c["ratio_median"] <= c["ratio_p90"]
         json.dumps([res["calls"], res["calls_by_kind"]], allow_nan=False)  # strict JSON
-        # the machine's speed in each run against the calibration's, from the runs' warm-ups, and
-        # the errors with the predictions scaled by it (times) or divided by it (rates)
-        sp = res["speed"]
-        assert len(sp["runs"]) == 2 and all(x > 0 for x in sp["runs"]) and sp["reference"] > 0
-        assert sp["median"] == pytest.approx(sum(sp["runs"]) / 2)
-        for k, e in res["adjusted_error"].items():
-            scaled = res["predicted"][k] * (1 / sp["median"] if k == "output_tok_s" else sp["median"])
-            assert e == pytest.approx((scaled - res["measured"][k]["median"]) / res["measured"][k]["median"])
     assert "pred/meas (median)" in stdout  # and each setting's by-kind table, a row per kind
-    assert stdout.count("machine speed against the calibration") == len(rep["results"])
     for kind in ("prefill", "decode"):
         assert sum(line.startswith(f"{kind} ") for line in stdout.splitlines()) == len(rep["results"])
     # rescoring the same runs with the same profile reproduces the predictions, measuring nothing

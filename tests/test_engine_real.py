@@ -41,8 +41,8 @@ def test_real_log_is_scored_by_the_simulator_metrics(engine):
     assert all(c.tokens <= 8 for c in chunks)
     assert sum(c.tokens for c in chunks) == sum(r.prompt_len for r in trace.requests)
     m = score(log)
-    assert m["completed"] == 4 and m["output_tokens"] == 24
-    assert m["decode_gap_max_ms"] > 0 and m["output_tok_s"] > 0
+    assert m["completed"] == 4 and m["total_output_tokens"] == 24
+    assert m["decode_gap_max_ms"] > 0 and m["output_throughput"] > 0
 
 
 def test_metile_ab_runs_with_a_prefilled_request(engine):
@@ -53,7 +53,7 @@ def test_metile_ab_runs_with_a_prefilled_request(engine):
         prefills = [c for c in run.log.calls if c.kind == "prefill"]
         assert all(c.rids == ("B",) for c in prefills)  # A's prefill happened before the clock
         m = score(run.log)
-        assert m["output_tokens"] == 11 and m["resume_gap_max_ms"] > 0
+        assert m["total_output_tokens"] == 11 and m["resume_gap_max_ms"] > 0
 
 
 def _buffers(engine) -> tuple:

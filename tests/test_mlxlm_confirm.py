@@ -41,7 +41,7 @@ def test_the_profile_prices_batch_generators_calls(profile):
     replay = prof["fit"]["replay"]  # held-out BatchGenerator runs, every call priced
     assert {r["kind"] for r in replay["by_kind"]} >= {"prompt", "first", "generate"}
     assert sum(r["calls"] for r in replay["by_kind"]) == replay["calls"] > 0
-    assert prof["fit"]["warmup_ratio"] > 0 and prof["cost"]["mlx_lm"]["iteration"] >= 0
+    assert prof["cost"]["mlx_lm"]["iteration"] >= 0
     # the calibrated forms price mlx-lm's calls; pdsim's policies are refused with this profile
     cost = cost_model(prof)
     assert cost.mlx_lm_call("prompt", 16, 0, [0, 0], 0, 0) > cost.mlx_lm_call("prompt", 16, 0, [0], 0, 0) > 0
@@ -73,7 +73,7 @@ def test_confirm_on_batch_generator(profile, tmp_path):
         assert {c[0] for c in run["log"]["calls"]} <= {"prompt", "first", "generate"}
     cost = cost_model(load_profile(profile))
     for res in rep["results"]:
-        assert set(res["measured"]) >= {"decode_gap_p50_ms", "p50_ttft_ms", "output_tok_s", "makespan_s"}
+        assert set(res["measured"]) >= {"decode_gap_p50_ms", "p50_ttft_ms", "output_throughput", "makespan_s"}
         logs = [EventLog.from_dict(r["log"]) for r in rep["runs"] if r["label"] == res["label"]]
         assert res["calls_by_kind"] == residual_table(logs, cost, by_size=False)
         assert {c["kind"] for c in res["calls_by_kind"]} >= {"prompt", "first"}

@@ -1,23 +1,28 @@
 """Reports: every chart from every input, skipped charts explained, an offline page, no overwrites."""
+import html
 import json
 import math
-from html.parser import HTMLParser
-
+import os
+import re
 import shutil
 import subprocess
+from html.parser import HTMLParser
 
 import numpy as np
 import pytest
 
 import policies
 from sim.cli import main
-from sim.commands.common import setting_label
 from sim.costmodel import BUILTIN, cost_model, load_profile
 from sim.log import EventLog
 from sim.metrics import score
 from sim.replay import simulate
-from sim.report import (calibration_frame, call_frame, confirm_frame, ecdf_frame, LogSeries, timeline_frame)
+from sim.report import (LogSeries, calibration_frame, call_frame, confirm_frame, ecdf_chart, ecdf_frame,
+                        gap_percentile_chart, gap_percentile_frame, load_sweep, timeline_frame)
+from sim.report.inputs import confirm_logs
 from sim.residuals import residual_table
+from sim.settings import setting_label
+from sim.sweep import grid, run_sweep
 from traces.generators import poisson, tinyllm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -268,3 +273,117 @@ def test_page_scripts_render_every_chart_without_network(inputs, tmp_path):
     drawn = json.loads(p.stdout)
     assert set(drawn) == {f"#chart-{name}" for name in ALL_CHARTS}
     assert all(v["marks"] > 20 for v in drawn.values()), drawn
+
+
+def test_gap_chart_draws_one_line_per_setting_at_each_budget():
+    """With two batch sizes the chart drew one line through both settings at every budget (a
+    zig-zag); each line now holds one setting, so it has one point per budget."""
+    settings = [{"policy": p, "budget": b, "batch_size": bs} for p in ("chunked", "eager") for b in (32, 128)
+                for bs in (2, 4)]
+    frame = gap_percentile_frame(run_sweep(grid(settings), workers=1, progress=False))
+    assert set(frame["variant"]) == {"bs2", "bs4"}
+    chart = gap_percentile_chart(frame)
+    for column in chart.hconcat:
+        enc = column.spec.to_dict()["encoding"]
+        x = enc["x"]["field"]
+        lines = [enc[k]["field"] for k in ("color", "detail", "strokeDash") if k in enc] + ["panel"]
+        assert "variant" in lines
+        data = column.data
+        assert not data.duplicated(lines + [x]).any(), "a line with two points at one budget"
+
+
+def test_runs_of_different_traces_are_never_overlaid(inputs, tmp_path):
+    """The distribution chart drew runs of two traces in one panel, with the same name; each trace
+    now has its own row, named, and the page says so."""
+    sweep = load_sweep(inputs / "sweep")
+    confirm = json.loads((inputs / "confirm.json").read_text())
+    series = sweep.logs + confirm_logs(confirm)
+    frame = ecdf_frame(series)
+    # the confirm runs replay tinyllm(num_seqs=4), another trace than the sweep's tinyllm: both named apart
+    tiny = tinyllm(num_seqs=4).sha256()[:8]
+    assert set(frame["trace"]) == {"poisson", f"tinyllm ({tinyllm().sha256()[:8]})", f"tinyllm ({tiny})"}
+    assert frame.groupby(["trace", "family", "series"])["fraction"].apply(lambda f: f.is_monotonic_increasing).all()
+    spec = ecdf_chart(frame).to_dict()
+    assert spec["facet"]["row"]["field"] == "trace"
+    one = ecdf_chart(frame[frame["trace"] == "poisson"]).to_dict()
+    assert "row" not in one["facet"] and "(trace poisson)" in json.dumps(one["title"])
+    out = tmp_path / "rep"
+    assert main(["report", "--sweep", str(inputs / "sweep"), "-o", str(out), "--no-png"]) == 0
+    assert "The runs replay 2 different traces (poisson, tinyllm)" in (out / "report.html").read_text()
+
+
+# Injected into a copy of report.html: records every page error, rejected promise and console
+# error or warning, then waits until each chart's canvas (vega-embed's default renderer) holds
+# drawn pixels, and writes what it found into the page, which Chromium's --dump-dom prints.
+PROBE_HEAD = r"""<script>
+window.__probe = {errors: []};
+addEventListener("error", e => __probe.errors.push("error: " + e.message));
+addEventListener("unhandledrejection", e => __probe.errors.push("unhandled rejection: " + e.reason));
+for (const level of ["error", "warn"]) {
+  const original = console[level].bind(console);
+  console[level] = (...args) => { __probe.errors.push("console." + level + ": " + args.join(" ")); original(...args); };
+}
+</script>"""
+PROBE_TAIL = r"""<script>
+function drawn(div) {
+  const canvas = div.querySelector("canvas"), svg = div.querySelector("svg");
+  if (svg) return svg.querySelectorAll("path, rect, line, text").length > 20;
+  if (!canvas || !canvas.width || !canvas.height) return false;
+  const px = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  let ink = 0;  // pixels that are neither transparent nor white
+  for (let i = 0; i < px.length; i += 4 * 13) if (px[i + 3] > 0 && (px[i] < 250 || px[i + 1] < 250 || px[i + 2] < 250)) ink++;
+  return ink > 50;
+}
+let tries = 0;
+function check() {
+  const charts = [...document.querySelectorAll("div.chart")].map(d => ({id: d.id, drawn: drawn(d),
+                                                                   text: d.textContent.slice(0, 200)}));
+  if (charts.every(c => c.drawn) || ++tries > 200) {
+    const out = document.createElement("pre");
+    out.id = "probe";
+    out.textContent = JSON.stringify({charts, errors: __probe.errors});
+    document.body.appendChild(out);
+  } else setTimeout(check, 50);
+}
+addEventListener("load", () => setTimeout(check, 50));
+</script>"""
+
+
+def _chromium() -> str | None:
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+
+def _headless(browser: str, profile_dir, *args: str) -> subprocess.CompletedProcess:
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+             "--hide-scrollbars", f"--user-data-dir={profile_dir}", "--host-resolver-rules=MAP * ~NOTFOUND",
+             "--virtual-time-budget=30000"]
+    return subprocess.run([browser, *flags, *args], capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.skipif(_chromium() is None and not os.environ.get("PDSIM_REQUIRE_BROWSER"),
+                    reason="needs Chromium (Debian's chromium: `bash .ci/install test` installs it on Linux)")
+def test_report_page_renders_every_chart_in_chromium(inputs, tmp_path):
+    """The page as a user opens it: headless Chromium loads report.html offline, every chart draws,
+    and nothing is logged to the console. The screenshot is kept for a person to look at
+    (PDSIM_SCREENSHOT=PATH copies it there)."""
+    browser = _chromium()
+    assert browser, "Chromium is required here (PDSIM_REQUIRE_BROWSER is set) but not installed"
+    out = tmp_path / "rep"
+    assert _report(inputs, out, "--no-png") == 0
+    page = (out / "report.html").read_text()
+    probe = tmp_path / "probe.html"
+    head, tail = page.rsplit("</body>", 1)  # the last one: the inline bundle holds the string too
+    probe.write_text(head.replace("<head>", "<head>" + PROBE_HEAD, 1) + PROBE_TAIL + "</body>" + tail)
+    p = _headless(browser, tmp_path / "chrome", "--dump-dom", probe.as_uri())
+    assert p.returncode == 0, p.stderr[-2000:]
+    found = re.search(r'<pre id="probe">(.*?)</pre>', p.stdout, re.S)
+    assert found, f"the page never finished drawing: {p.stdout[-500:]} {p.stderr[-1000:]}"
+    result = json.loads(html.unescape(found.group(1)))
+    assert result["errors"] == []
+    assert {c["id"] for c in result["charts"]} == {f"chart-{name}" for name in ALL_CHARTS}
+    assert [c for c in result["charts"] if not c["drawn"]] == []
+    shot = tmp_path / "report.png"
+    p = _headless(browser, tmp_path / "chrome", f"--screenshot={shot}", "--window-size=1280,6000", probe.as_uri())
+    assert p.returncode == 0 and shot.read_bytes().startswith(PNG_MAGIC) and shot.stat().st_size > 100_000
+    if os.environ.get("PDSIM_SCREENSHOT"):
+        shutil.copy(shot, os.environ["PDSIM_SCREENSHOT"])

@@ -3,11 +3,16 @@
 Cost: prefill(L) = 1 + L seconds, decode = 1 second per call, no overheads. Both requests arrive
 at t=0 with 4 prompt tokens and 3 outputs.
 """
+import math
+
+import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import policies
 from sim.costmodel import LinearCostModel
-from sim.metrics import decode_gaps, nearest_rank, score
+from sim.metric_registry import NAMES
+from sim.metrics import Slo, decode_gaps, nearest_rank, score
 from sim.replay import simulate
 from traces.generators import fixed
 
@@ -26,7 +31,7 @@ def test_fifo_serves_one_request_at_a_time():
     assert list(decode_gaps(log)) == [1, 1]  # 7 -> 13 is idle for decodes: no request was active
     assert m["p50_ttft_ms"] == pytest.approx((5 + 12) / 2 * 1e3)
     assert m["makespan_s"] == 14
-    assert m["output_tok_s"] == pytest.approx(6 / 14)
+    assert m["output_throughput"] == pytest.approx(6 / 14)
 
 
 def test_eager_prefills_whole_prompt_and_batches_decodes():
@@ -63,7 +68,8 @@ def test_decode_first_order_and_single_decodes_follow_metile():
         ("decode", ("A",)), ("prefill", ("B",)), ("decode", ("A",)), ("prefill", ("B",))]
     m = score(log)
     assert m["resume_gap_max_ms"] == 1000  # A resumes one decode call after B arrives
-    assert m["output_tokens"] == 5  # A's pre-clock token is not counted
+    assert m["total_output_tokens"] == 5  # A's pre-clock token is not counted
+    assert m["total_input_tokens"] == 4  # nor its prompt, prefilled before the clock
     assert m["p50_ttft_ms"] == pytest.approx(8000)  # B alone: 1 + 3 + 1 + 3
 
 
@@ -104,7 +110,7 @@ def test_stalls_and_goodput():
     m = score(log, Slo(ttft=6000), stall_ms=2000)
     # per-request gaps: 0: 1, 6; 1: 1, 1 -> one stall of 6 s, 4 s above the threshold
     assert (m["stall_count"], m["stall_excess_s"]) == (1, 4.0)
-    assert m["goodput_req_s"] == pytest.approx(1 / 13)  # request 0 meets ttft<=6 s, request 1 (11 s) not
+    assert m["request_goodput"] == pytest.approx(1 / 13)  # request 0 meets ttft<=6 s, request 1 (11 s) not
 
 
 def test_chunked_is_tiny_llms_loop_when_a_waiting_request_takes_the_freed_slot():
@@ -126,3 +132,38 @@ def test_decode_gaps_reset_only_after_an_iteration_without_a_decode():
     assert list(decode_gaps(log)) == []  # request 1's first chunk ran in an iteration with no decode
     m = score(run(policy="eager", batch_size=2))
     assert m["decode_gap_p50_ms"] == 1000 and m["decode_gap_median_ms"] == 3500  # gaps [6, 1]: lower middle, mean
+
+
+def test_vllm_metrics_line_up_with_vllm_bench_serve():
+    """The names and definitions of `vllm bench serve`'s result: median and population std of
+    each latency, request/output/total-token throughput over the run's duration."""
+    m = score(run(policy="fifo"))  # TTFTs 5 s and 12 s, E2E 7 s and 14 s, 8 prompt + 6 output tokens in 14 s
+    assert m["median_ttft_ms"] == pytest.approx(8500) and m["std_ttft_ms"] == pytest.approx(3500)
+    assert m["mean_e2el_ms"] == pytest.approx(10500) and m["median_e2el_ms"] == pytest.approx(10500)
+    assert m["median_itl_ms"] == pytest.approx(1000) and m["std_itl_ms"] == 0
+    assert (m["total_input_tokens"], m["total_output_tokens"], m["completed"]) == (8, 6, 2)
+    assert m["request_throughput"] == pytest.approx(2 / 14) and m["output_throughput"] == pytest.approx(6 / 14)
+    assert m["total_token_throughput"] == pytest.approx(14 / 14)
+    vllm_result_keys = ["completed", "total_input_tokens", "total_output_tokens", "request_throughput",
+                        "request_goodput", "output_throughput", "total_token_throughput"]
+    vllm_result_keys += [f"{s}_{k}_ms" for k in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "std", "p99")]
+    assert set(vllm_result_keys) <= set(m)
+
+
+@pytest.mark.parametrize("with_slo", [False, True])
+@pytest.mark.parametrize("trace", [TRACE, fixed([0.0], [4], [1])], ids=["two", "one"])
+def test_every_run_has_every_registry_metric_in_order(trace, with_slo):
+    """Whatever the run, the same keys in the same order: undefined ones are NaN, not missing."""
+    m = score(simulate(trace, policies.make("eager"), COST), Slo(ttft=1000) if with_slo else None)
+    assert tuple(m) == NAMES
+    assert math.isnan(m["request_goodput"]) != with_slo
+
+
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=60),
+       st.sampled_from([0.5, 0.9, 0.95, 0.99, 0.01, 1.0]))
+@settings(max_examples=300, deadline=None)
+def test_nearest_rank_is_the_seed_definition(values, q):
+    """numpy's inverted_cdf is tiny-llm's `sorted[ceil(q*n)-1]`."""
+    ref = sorted(values)[max(0, math.ceil(q * len(values)) - 1)]
+    assert nearest_rank(values, q) == ref
+    assert nearest_rank(np.array([]), q) != nearest_rank(np.array([]), q)  # NaN for no values

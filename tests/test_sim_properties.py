@@ -167,3 +167,28 @@ def test_kv_buffers_written_fresh_and_priced(reqs, setting):
     assert all(0 <= c.fresh <= c.written for c in log.calls)
     for c, b in zip(log.calls, bare.calls):
         assert (c.end - c.start) == pytest.approx((b.end - b.start) + 1e-5 * c.written + 3e-5 * c.fresh)
+
+
+@settings(max_examples=120, deadline=None)
+@given(traces(), settings_, costs)
+def test_resumption_summary_is_the_pairwise_definition(trace, setting, cost):
+    """The resumption gaps `score` reports for every trace size equal the quadratic definition."""
+    from sim.metrics import resumption_gaps, resumption_summary
+    log = simulate(trace, policies.make(**setting), cost)
+    gaps = [g for _, _, g in resumption_gaps(log)]
+    top, mean = resumption_summary(log)
+    if not gaps:
+        assert np.isnan(top) and np.isnan(mean)
+    else:
+        assert top == max(gaps) and mean == pytest.approx(np.mean(gaps))
+
+
+@settings(max_examples=100, deadline=None)
+@given(traces(), settings_, costs)
+def test_a_completed_setting_runs_what_the_raw_one_runs(trace, raw, cost):
+    """`sim.settings` gives options a policy does not read one fixed value (fifo: batch size and
+    order): the completed setting runs exactly the same work, so merging such settings loses nothing."""
+    from sim.settings import setting
+    raw = dict(raw, budget=None) if raw["policy"] == "fifo" else raw  # fifo prefills whole prompts
+    full = setting(raw)
+    assert simulate(trace, policies.make(**full), cost).to_dict() == simulate(trace, policies.make(**raw), cost).to_dict()

@@ -13,7 +13,8 @@ from sim.cli import main
 from sim.costmodel import BUILTIN, load_profile
 from sim.pick import (Constraint, Objective, PickError, check_names, feasible, pareto_front, parse_constraint,
                       parse_objective, pick, rank, split_slo)
-from sim.sweep import Inputs, SweepError, grid, known_metrics, run_sweep, scale_rate
+from sim.metric_registry import NAMES
+from sim.sweep import Inputs, SweepError, grid, run_sweep, scale_rate
 from traces.generators import poisson, tinyllm
 
 SETTINGS = [{"policy": p, "budget": b, "batch_size": 4, "decode": "batched", "order": "chunk-first"}
@@ -51,12 +52,12 @@ def test_rate_scale_divides_arrivals():
 def test_rows_carry_the_grid_and_every_metric(in_process, inputs):
     df = in_process
     assert len(df) == len(SETTINGS) * 2 * 2
-    # small traces get the resumption metrics too: every metric the metrics module has
-    assert set(known_metrics(goodput=False)) <= set(df.columns)
+    # every metric of the registry, in its order, after where the point is in the grid
+    assert list(df.columns)[-len(NAMES):] == list(NAMES)
     assert set(df["trace_sha256"]) == set(inputs.sha256.values())
     assert df.loc[df["policy"] != "chunked", "budget"].isna().all()
     # arriving twice as fast never lowers throughput here (the server is the bottleneck or idle)
-    pois = df[df["trace"] == "pois"].pivot(index="label", columns="rate_scale", values="output_tok_s")
+    pois = df[df["trace"] == "pois"].pivot(index="label", columns="rate_scale", values="output_throughput")
     assert (pois[2.0] >= pois[1.0] * 0.99).all()
 
 
@@ -93,23 +94,30 @@ def test_slo_items_split_into_goodput_targets_and_constraints():
     goodput, cons = split_slo(["ttft:2000", "decode_gap_p95_ms<=50", "p99_ttft_ms <= 2e3", "output_tok_s>100"])
     assert goodput == ["ttft:2000"]
     assert cons == [Constraint("decode_gap_p95_ms", "<=", 50), Constraint("p99_ttft_ms", "<=", 2000),
-                    Constraint("output_tok_s", ">", 100)]
+                    Constraint("output_throughput", ">", 100)]
     assert parse_objective("min:p99_ttft_ms") == Objective("p99_ttft_ms", False)
-    assert parse_objective("output_tok_s") == Objective("output_tok_s", True)
+    # a bare metric goes the way the registry says is better; aliases name the registry's metric
+    assert parse_objective("output_tok_s") == Objective("output_throughput", True)
+    assert parse_objective("p99_ttft_ms") == Objective("p99_ttft_ms", False)
+    assert parse_constraint("goodput_req_s>=1") == Constraint("request_goodput", ">=", 1)
     for bad in ("gap<=fast", "nonsense", "a<=inf"):
         with pytest.raises(PickError):
             split_slo([bad])
-    with pytest.raises(PickError):
-        parse_objective("up:output_tok_s")
+    for bad in ("up:output_tok_s", "engine_calls"):  # neither direction is better for engine calls
+        with pytest.raises(PickError):
+            parse_objective(bad)
 
 
 def test_unknown_metric_is_refused_before_running():
-    known = known_metrics(goodput=False)
     with pytest.raises(PickError, match="unknown metric 'decode_gap_p97_ms'"):
-        check_names([parse_constraint("decode_gap_p97_ms<=50")], Objective(), None, known, False)
+        check_names([parse_constraint("decode_gap_p97_ms<=50")], Objective(), None, False)
     with pytest.raises(PickError, match="needs a per-request target"):
-        check_names([parse_constraint("goodput_req_s>=1")], Objective(), None, known, False)
-    check_names([parse_constraint("goodput_req_s>=1")], Objective(), None, known_metrics(True), True)
+        check_names([parse_constraint("goodput_req_s>=1")], Objective(), None, False)
+    check_names([parse_constraint("goodput_req_s>=1")], Objective(), None, True)
+    with pytest.raises(PickError, match="lower is better"):
+        check_names([], Objective(), "output_throughput", False)
+    from sim.sweep_results import SweepPlan
+    assert SweepPlan({}, [], {}, latency="duration").latency == "makespan_s"  # an alias names its metric
 
 
 metric = st.one_of(st.floats(0, 100, allow_nan=False), st.just(math.nan))
@@ -180,7 +188,7 @@ def test_sweep_command_writes_results_and_refuses_to_overwrite(tmp_path, capsys)
     text = capsys.readouterr().out
     df = pd.read_csv(out / "results.csv")
     # fifo and eager prefill whole prompts, so the budgets multiply only chunked
-    assert len(df) == 4 and {"goodput_req_s", "slo_attained", "decode_gap_p95_ms"} <= set(df.columns)
+    assert len(df) == 4 and {"request_goodput", "slo_attained", "decode_gap_p95_ms"} <= set(df.columns)
     doc = json.loads((out / "results.json").read_text())
     assert len(doc["rows"]) == 4 and doc["inputs"]["traces"][0]["sha256"] == tinyllm(num_seqs=6).sha256()
     assert doc["inputs"]["grid"]["budget"] == [32, 128]
@@ -191,7 +199,7 @@ def test_sweep_command_writes_results_and_refuses_to_overwrite(tmp_path, capsys)
     # the pick satisfies the constraint and no qualifying row beats it
     qualifying = df[df["decode_gap_p95_ms"] <= 50]
     assert len(qualifying) == doc["picks"][0]["feasible"] < len(df)
-    assert qualifying["output_tok_s"].max() == df.set_index("label").loc[best, "output_tok_s"]
+    assert qualifying["output_throughput"].max() == df.set_index("label").loc[best, "output_throughput"]
 
     before = (out / "results.csv").read_text()
     assert main(SMALL + ["-o", str(out)]) == 2
@@ -224,4 +232,52 @@ def test_infeasible_constraints_say_so(capsys):
 
 
 def test_rows_are_finite_where_defined(in_process):
-    assert np.isfinite(in_process["output_tok_s"]).all() and (in_process["completed"] > 0).all()
+    assert np.isfinite(in_process["output_throughput"]).all() and (in_process["completed"] > 0).all()
+
+
+def test_columns_do_not_depend_on_the_trace_size():
+    """Resumption gaps used to be computed only up to 200 requests, so a sweep's columns changed
+    with its trace; every run now has every registry column."""
+    prof = load_profile(BUILTIN)
+    small, large = poisson(num_requests=5, rate=1.0, seed=2), poisson(num_requests=250, rate=1.5, seed=2)
+    inputs = Inputs({"small": small, "large": large}, prof)
+    df = run_sweep(grid(SETTINGS[2:3], inputs.traces), inputs, workers=1, progress=False)
+    assert list(df.columns)[-len(NAMES):] == list(NAMES)
+    assert np.isfinite(df["resume_gap_max_ms"]).all()
+
+
+def test_settings_that_run_the_same_are_swept_once(tmp_path, capsys):
+    """fifo decodes one request at a time: fifo at batch sizes 4 and 8 used to be two identical runs,
+    both on the Pareto front."""
+    out = tmp_path / "sw"
+    assert main(["sweep", "--trace", "tinyllm", "--num-seqs", "6", "--policy", "fifo", "eager", "--batch-size",
+                 "4", "8", "--no-progress", "-o", str(out)]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert [r["label"] for r in doc["rows"]] == ["fifo", "eager/bs4", "eager/bs8"]
+    for pk in doc["picks"]:
+        assert len(pk["front"]) == len(set(pk["front"]))
+    assert grid([{"policy": "fifo", "batch_size": b} for b in (2, 4, 8)] + [{"policy": "eager", "budget": 9}],
+                ["t"]) == grid([{"policy": "fifo"}, {"policy": "eager"}], ["t"])
+
+
+README = __import__("pathlib").Path(__file__).parent.parent / "README.md"
+
+
+def test_the_readme_python_sweep_runs_as_written():
+    """The README's five-line sweep from Python: settings name only what differs from the defaults
+    (it used to run every simulation, then fail with KeyError 'batch_size')."""
+    text = README.read_text()
+    block = text[text.index("```python\n") + len("```python\n"):]
+    block = block[:block.index("```")]
+    assert len(block.strip().splitlines()) <= 5
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    df = scope["df"]
+    assert list(df["label"]) == ["chunked/b32/bs4", "chunked/b128/bs4", "chunked/b512/bs4", "eager/bs4"]
+    assert df["decode_gap_max_ms"].is_monotonic_increasing
+
+
+def test_run_sweep_from_settings_alone():
+    df = run_sweep(grid([{"policy": "chunked", "budget": b} for b in (32, 128)]), workers=1, progress=False)
+    assert list(df["batch_size"]) == [4, 4] and set(df["trace"]) == {"tinyllm"}
+    assert list(df["decode"]) == ["batched"] * 2 and df["output_throughput"].gt(0).all()

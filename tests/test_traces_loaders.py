@@ -385,3 +385,15 @@ def test_generated_burstiness_reads_back():
     s = describe(gamma(20_000, rate=2.0, burstiness=3.0, seed=0))
     assert s.burstiness == pytest.approx(3.0, rel=0.1) and s.mean_rate == pytest.approx(2.0, rel=0.05)
     assert np.isnan(describe(gamma(1)).burstiness)
+
+
+def test_burstiness_is_vllms_gamma_shape():
+    """vLLM draws gaps with shape = burstiness and scale = 1/(rate * burstiness): below 1 is
+    burstier. pdsim used shape 1/burstiness, so `--burstiness 4` meant what vLLM calls 0.25."""
+    tr = gamma(500, rate=2.0, burstiness=0.25, seed=3)
+    gaps = np.random.default_rng(3).gamma(shape=0.25, scale=1 / (2.0 * 0.25), size=500)
+    gaps[0] = 0.0
+    assert [r.arrival for r in tr.requests] == pytest.approx(np.cumsum(gaps).tolist())
+    bursty, even = describe(gamma(20_000, rate=2.0, burstiness=0.25, seed=0)), describe(gamma(20_000, 2.0, 4.0))
+    assert bursty.cv2 == pytest.approx(4.0, rel=0.1) and bursty.burstiness == pytest.approx(0.25, rel=0.1)
+    assert even.cv2 == pytest.approx(0.25, rel=0.1)

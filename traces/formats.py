@@ -29,6 +29,7 @@ from typing import TextIO
 
 import numpy as np
 
+from traces.generators import gamma_gaps
 from traces.trace import Request, TraceError, json_objects
 
 # One parsed row: (file line, data-row index, time in seconds from the format's own origin,
@@ -272,17 +273,9 @@ def arrival_options(options: dict) -> tuple[str, float, float, int]:
 
 
 def arrival_times(n: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
-    """Gamma inter-arrivals with mean 1/rate and shape 1/burstiness (1 = Poisson), first at 0.
-
-    The same draw as `traces.generators.gamma`, so a length-only file and a generated trace with
-    the same count, rate, burstiness and seed arrive at the same times.
-    """
-    rng = np.random.default_rng(seed)
-    shape = 1.0 / burstiness
-    gaps = rng.gamma(shape, 1.0 / (rate * shape), size=n)
-    if n:
-        gaps[0] = 0.0
-    return np.cumsum(gaps)
+    """Arrival times of `traces.generators.gamma_gaps` (vLLM's convention), first at 0: a length-only
+    file and a generated trace with the same count, rate, burstiness and seed arrive at the same times."""
+    return np.cumsum(gamma_gaps(np.random.default_rng(seed), n, rate, burstiness))
 
 
 def read_mooncake(f: TextIO, r: Reading) -> Iterator[Record]:

@@ -12,6 +12,21 @@ from traces.trace import Request, Trace, TraceError
 
 QWEN3_VOCAB = 151936
 
+# The one statement of the convention; help texts and docs point here.
+BURSTINESS_HELP = ("the gamma shape of the inter-arrival gaps, vLLM's convention: 1 = Poisson, below 1 burstier "
+                   "(CV^2 of the gaps = 1/burstiness), above 1 more even")
+
+
+def gamma_gaps(rng: np.random.Generator, n: int, rate: float, burstiness: float) -> np.ndarray:
+    """`n` inter-arrival gaps with mean 1/rate, drawn as vLLM's serving benchmark draws them:
+    gamma with shape = burstiness and scale = 1/(rate * burstiness). burstiness 1 is Poisson;
+    below 1 is burstier (the gaps' squared coefficient of variation is 1/burstiness), above 1
+    more evenly spaced. The first gap is 0: the first request arrives at t = 0."""
+    gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=n)
+    if n:
+        gaps[0] = 0.0
+    return gaps
+
 
 def tinyllm(num_seqs: int = 8, min_in: int = 64, max_in: int = 512, min_out: int = 32, max_out: int = 32,
             seed: int = 0, vocab: int = QWEN3_VOCAB) -> Trace:
@@ -69,10 +84,7 @@ def poisson(num_requests: int = 100, rate: float = 1.0, min_in: int = 64, max_in
 def gamma(num_requests: int = 100, rate: float = 1.0, burstiness: float = 1.0, min_in: int = 64,
           max_in: int = 512, min_out: int = 32, max_out: int = 128, seed: int = 0,
           source: str = "gamma") -> Trace:
-    """Gamma inter-arrivals with mean 1/rate; burstiness is 1/shape (1 = Poisson, >1 burstier).
-
-    The same convention as vLLM's serving benchmark, so a burstiness figure means the same thing.
-    """
+    """Gamma inter-arrivals with mean 1/rate and shape `burstiness` (`gamma_gaps`: vLLM's convention)."""
     if rate <= 0:
         raise TraceError(f"{source} trace: rate must be > 0 requests/s, got {rate}")
     if burstiness <= 0:
@@ -82,10 +94,7 @@ def gamma(num_requests: int = 100, rate: float = 1.0, burstiness: float = 1.0, m
     _check_range("prompt length", min_in, max_in)
     _check_range("output length", min_out, max_out)
     rng = np.random.default_rng(seed)
-    shape = 1.0 / burstiness
-    gaps = rng.gamma(shape, 1.0 / (rate * shape), size=num_requests)
-    gaps[0] = 0.0
-    arrivals = np.cumsum(gaps)
+    arrivals = np.cumsum(gamma_gaps(rng, num_requests, rate, burstiness))
     p = rng.integers(min_in, max_in + 1, size=num_requests)
     o = rng.integers(min_out, max_out + 1, size=num_requests)
     reqs = [Request(str(i), float(arrivals[i]), int(p[i]), int(o[i])) for i in range(num_requests)]

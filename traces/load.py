@@ -1,9 +1,10 @@
 """Resolve a `--trace` argument: a built-in generator name or a file in a supported format."""
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
-from traces.formats import PDSIM, detect, format_name, read
+from traces.formats import FORMATS, PDSIM, detect, format_name, read
 from traces.generators import GENERATORS
 from traces.shape import Shaping, apply
 from traces.trace import Trace, TraceError, load_jsonl
@@ -40,12 +41,38 @@ def load_file(path: str | Path, fmt: str | None = None, shaping: Shaping | None 
     return apply(Trace(requests, meta), shaping)
 
 
-def resolve(spec: str, fmt: str | None = None, shaping: Shaping | None = None, **gen_options) -> Trace:
-    """A generator by name (with its options) or a trace file (with its loader options), then shaped."""
+_NOT_OPTIONS = {"vocab", "source"}  # generator parameters that are not a trace's options
+
+
+def accepted_options(spec: str, fmt: str | None = None) -> tuple[str, ...]:
+    """The options a `--trace` value takes: a generator's parameters, or a file format's loader
+    options (`seed` only where the format draws arrivals); anything else given would be ignored."""
+    if spec in GENERATORS:
+        return tuple(n for n in inspect.signature(GENERATORS[spec]).parameters if n not in _NOT_OPTIONS)
+    if not Path(spec).is_file():
+        raise TraceError(f"trace {spec!r}: neither a file nor a generator ({', '.join(GENERATORS)})")
+    name = format_name(fmt) if fmt else detect(spec)
+    if name == PDSIM:
+        return ()
+    options = FORMATS[name].options
+    return options + (("seed",) if "rate" in options else ())
+
+
+def resolve(spec: str, fmt: str | None = None, shaping: Shaping | None = None, **options) -> Trace:
+    """A generator by name (with its options) or a trace file (with its loader options), then shaped.
+
+    An option the generator or the file's format does not take is refused (TraceError), never
+    ignored; None values count as not given."""
+    options = {k: v for k, v in options.items() if v is not None}
     if spec in GENERATORS:
         if fmt:
             raise TraceError(f"trace {spec!r} is a generator; a format applies only to files")
-        return apply(GENERATORS[spec](**{k: v for k, v in gen_options.items() if v is not None}), shaping)
+        takes = accepted_options(spec)
+        extra = sorted(set(options) - set(takes))
+        if extra:
+            raise TraceError(f"trace {spec!r}: option(s) {', '.join(extra)} do not apply to the {spec} generator "
+                             f"(it takes {', '.join(takes)})")
+        return apply(GENERATORS[spec](**options), shaping)
     if not Path(spec).exists():
         raise TraceError(f"trace {spec!r}: neither a file nor a generator ({', '.join(GENERATORS)})")
-    return load_file(spec, fmt, shaping, **gen_options)
+    return load_file(spec, fmt, shaping, **options)

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
-import itertools
+from pathlib import Path
 
 import policies
 from sim.costmodel import BUILTIN, check_profile_matches, cost_model, load_profile
+from sim.errors import InputError
 from sim.metrics import Slo, parse_slo
-from traces.load import resolve
+from sim.settings import MLX_LM_DEFAULTS, grid_settings, unique
+from traces.generators import BURSTINESS_HELP, GENERATORS
+from traces.load import accepted_options, resolve
 from traces.trace import Trace
 
 
@@ -31,6 +34,18 @@ def positive_float(text: str) -> float:
     return v
 
 
+def positive_fraction(text: str) -> float:
+    """A number > 0, also written as a fraction (`1/3`)."""
+    num, slash, den = text.partition("/")
+    try:
+        v = float(num) / float(den) if slash else float(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (or a fraction such as 1/3)") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
 def add_trace_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("trace")
     g.add_argument("--trace", default="tinyllm",
@@ -38,7 +53,7 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-seqs", type=positive_int, help="tinyllm: number of requests (default 8)")
     g.add_argument("--num-requests", type=positive_int, help="poisson/gamma: number of requests")
     g.add_argument("--rate", type=positive_float, help="poisson/gamma: requests per second")
-    g.add_argument("--burstiness", type=positive_float, help="gamma: 1 = Poisson, >1 burstier")
+    g.add_argument("--burstiness", type=positive_fraction, help="gamma: " + BURSTINESS_HELP)
     g.add_argument("--min-in", type=positive_int)
     g.add_argument("--max-in", type=positive_int)
     g.add_argument("--min-out", type=positive_int)
@@ -79,22 +94,53 @@ def shaping_from_args(args: argparse.Namespace):
                    max_prompt=args.max_prompt, max_output=args.max_output)
 
 
-GEN_OPTIONS = {
-    "tinyllm": ("num_seqs", "min_in", "max_in", "min_out", "max_out", "seed"),
-    "poisson": ("num_requests", "rate", "min_in", "max_in", "min_out", "max_out", "seed"),
-    "gamma": ("num_requests", "rate", "burstiness", "min_in", "max_in", "min_out", "max_out", "seed"),
-    "metile": ("prompt_len", "output_len", "seed"),
-}
+# the trace options of `add_trace_args` (and `traces info`'s reading options), by the name the
+# trace loaders give them (`traces.load.accepted_options`)
+TRACE_OPTIONS = ("num_seqs", "num_requests", "rate", "burstiness", "min_in", "max_in", "min_out", "max_out",
+                 "prompt_len", "output_len", "seed", "arrivals")
+READING_OPTIONS = {"burstgpt_model": "model", "burstgpt_log": "log_type"}
+FLAGS = {"model": "--burstgpt-model", "log_type": "--burstgpt-log"}
+
+
+def _flag(option: str) -> str:
+    return FLAGS.get(option, "--" + option.replace("_", "-"))
+
+
+def trace_options(args: argparse.Namespace) -> dict:
+    """The trace options the user gave (not None), by the loaders' names."""
+    given = {name: getattr(args, name, None) for name in TRACE_OPTIONS}
+    given |= {name: getattr(args, dest, None) for dest, name in READING_OPTIONS.items()}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def traces_from_args(args: argparse.Namespace, specs: list[str] | None = None) -> dict[str, Trace]:
+    """Each trace (`--trace` values, or `specs`), generated or read, then shaped, by a short unique
+    name. A trace option that no trace takes is refused, never silently ignored (`--rate` on the
+    tinyllm trace, `--burstiness` on Poisson arrivals); with several traces each gets the options it
+    takes."""
+    specs = specs or (args.trace if isinstance(args.trace, list) else [args.trace])
+    fmt = getattr(args, "format", None)
+    given = trace_options(args)
+    takes = {spec: accepted_options(spec, fmt) for spec in specs}
+    unused = [o for o in given if not any(o in t for t in takes.values()) and not (o == "seed" and getattr(args, "sample", None))]
+    if unused:
+        what = "; ".join(f"{spec} takes " + (", ".join(map(_flag, takes[spec])) or "none of them") for spec in specs)
+        raise InputError(f"{', '.join(map(_flag, unused))}: {'does' if len(unused) == 1 else 'do'} not apply to "
+                         f"trace {', '.join(specs)} ({what})")
+    shaping = shaping_from_args(args)
+    out = {}
+    for spec in specs:
+        name = spec if spec in GENERATORS else Path(spec).stem
+        if name in out:
+            name = f"{name}-{len(out)}"
+        out[name] = resolve(spec, fmt=fmt, shaping=shaping, **{k: v for k, v in given.items() if k in takes[spec]})
+    return out
 
 
 def trace_from_args(args: argparse.Namespace) -> Trace:
-    """A generated trace (with the generator options) or a file (with its format), then shaped."""
-    shaping = shaping_from_args(args)
-    if args.trace in GEN_OPTIONS:
-        names = GEN_OPTIONS[args.trace]
-        return resolve(args.trace, shaping=shaping, **{k: getattr(args, k) for k in names})
-    return resolve(args.trace, fmt=args.format, shaping=shaping, arrivals=args.arrivals, rate=args.rate,
-                   burstiness=args.burstiness, seed=args.seed)
+    """The one trace of `--trace` (a generator with its options, or a file), shaped."""
+    (trace,) = traces_from_args(args).values()
+    return trace
 
 
 def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
@@ -121,69 +167,39 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
                             "unset keys take the first value of the grid options)")
 
 
-MLX_LM_DEFAULTS = {"prefill_step": 2048, "prompt_concurrency": 8, "decode_concurrency": 32}  # mlx_lm.server's
-PDSIM_KEYS = ("budget", "batch_size", "decode", "order")
+# the grid's options, in `sim.settings.grid_settings`' order
+GRID_KEYS = ("budget", "batch_size", "decode", "order", *MLX_LM_DEFAULTS)
 
 
 def settings_from_args(args: argparse.Namespace) -> list[dict]:
-    """The settings the arguments name: explicit `--setting`s, or the grid of the policy options.
-
-    eager and fifo prefill whole prompts, so budgets do not multiply them; mlx-lm takes its own
-    three options (mlx_lm.server's flags) and the others take none of them.
-    """
+    """The settings the arguments name: explicit `--setting`s, or the grid of the policy options;
+    complete, and each once (`sim.settings.unique`: eager and fifo prefill whole prompts, so budgets
+    do not multiply them, fifo decodes one request at a time, so batch sizes do not either, and
+    mlx-lm reads only its own three options, mlx_lm.server's flags, which no other policy reads)."""
     as_list = lambda v: v if isinstance(v, list) else [v]
-    keys = PDSIM_KEYS + tuple(MLX_LM_DEFAULTS)
     if getattr(args, "setting", None):
-        first = {k: as_list(getattr(args, k, MLX_LM_DEFAULTS.get(k)))[0] for k in keys}
-        combos = [parse_setting(text, first) for text in args.setting]
-    else:
-        combos = []
-        for pol in as_list(args.policy):
-            grid = MLX_LM_DEFAULTS if pol == "mlx-lm" else PDSIM_KEYS
-            values = [as_list(getattr(args, k, MLX_LM_DEFAULTS.get(k))) for k in grid]
-            combos += [{"policy": pol, **dict(zip(grid, v))} for v in itertools.product(*values)]
-    out, seen = [], set()
-    for s in combos:
-        for k in (PDSIM_KEYS if s["policy"] == "mlx-lm" else MLX_LM_DEFAULTS):
-            s.pop(k, None)
-        if s["policy"] in ("eager", "fifo"):
-            s["budget"] = None
-        policies.make(**s)  # fail early on a bad setting
-        key = tuple(s.values())
-        if key not in seen:
-            seen.add(key)
-            out.append(s)
-    return out
+        first = {k: as_list(getattr(args, k))[0] for k in GRID_KEYS}
+        return unique(parse_setting(text, first) for text in args.setting)
+    return grid_settings(*(as_list(getattr(args, k)) for k in ("policy", *GRID_KEYS)))
 
 
 def parse_setting(text: str, defaults: dict) -> dict:
-    """`chunked:budget=128,order=decode-first` -> a setting dict; ValueError naming the bad part."""
+    """`chunked:budget=128,order=decode-first` -> a setting dict; InputError naming the bad part."""
     name, _, rest = text.partition(":")
     s = {"policy": name, **defaults}
     for item in filter(None, rest.split(",")):
         key, eq, val = item.partition("=")
         key = key.strip().replace("-", "_")
         if not eq or key not in defaults:
-            raise ValueError(f"--setting {text!r}: expected KEY=VALUE with KEY one of {', '.join(defaults)}")
+            raise InputError(f"--setting {text!r}: expected KEY=VALUE with KEY one of {', '.join(defaults)}")
         if key in ("budget", "batch_size") or key in MLX_LM_DEFAULTS:
             try:
                 s[key] = int(val)
             except ValueError:
-                raise ValueError(f"--setting {text!r}: {key} must be a whole number, got {val!r}") from None
+                raise InputError(f"--setting {text!r}: {key} must be a whole number, got {val!r}") from None
         else:
             s[key] = val
     return s
-
-
-def setting_label(s: dict) -> str:
-    if s["policy"] == "mlx-lm":  # step, prompt and decode concurrency: mlx_lm.server's three flags
-        return f"mlx-lm/s{s.get('prefill_step', 2048)}/p{s.get('prompt_concurrency', 8)}/d{s.get('decode_concurrency', 32)}"
-    parts = [s["policy"]] + ([f"b{s['budget']}"] if s.get("budget") else []) + [f"bs{s['batch_size']}"]
-    if s.get("decode", "batched") != "batched":
-        parts.append(s["decode"])
-    if s.get("order", "chunk-first") != "chunk-first":
-        parts.append(s["order"])
-    return "/".join(parts)
 
 
 def add_profile_args(p: argparse.ArgumentParser) -> None:

@@ -12,9 +12,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     print("policies:")
-    for name, (doc, _) in policies.POLICIES.items():
-        print(f"  {name:8s} {doc}")
-    print("options (fifo, eager, chunked; mlx-lm takes only its own three, mlx_lm.server's flags):")
+    for name, info in policies.POLICIES.items():
+        print(f"  {name:8s} {info.doc} (options: {', '.join(info.uses)})")
+    print("options (fifo, eager, chunked read theirs; mlx-lm takes only its own three, mlx_lm.server's flags):")
     for name, doc in policies.OPTION_HELP.items():
         print(f"  --{name.replace('_', '-'):20s} {doc}")
     return 0

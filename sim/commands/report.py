@@ -27,10 +27,14 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     doc = make_report(args.out, args.sweep, args.confirm, args.profile, args.simulate, args.latency,
                       args.overwrite, not args.no_png)
-    out = Path(args.out)
+    print_written(doc, Path(args.out))
+    return 0
+
+
+def print_written(doc: dict, out: Path) -> None:
+    """Each chart written (or why it was skipped), then the page."""
     for name, chart in doc["charts"].items():
         print(f"chart {name}: {chart['title']}" + (f" -> {out / chart['png']}" if "png" in chart else ""))
     for name, why in doc["skipped"].items():
         print(f"chart {name}: {why}")
     print(f"wrote {out / 'report.html'} (opens offline) and {out / 'report.json'}")
-    return 0

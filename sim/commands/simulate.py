@@ -5,16 +5,13 @@ import argparse
 
 import policies
 from sim.commands.common import (add_policy_args, add_profile_args, add_slo_args, add_trace_args, cost_from_args,
-                                 setting_label, settings_from_args, slo_from_args, trace_from_args)
+                                 settings_from_args, slo_from_args, trace_from_args)
 from sim.files import atomic_write_json
+from sim.metric_registry import METRICS, SUMMARY
 from sim.metrics import request_rows, score
 from sim.replay import simulate
+from sim.settings import setting_label
 from sim.table import table
-
-SUMMARY = ["decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "p99_itl_ms",
-           "max_itl_ms", "resume_gap_max_ms", "stall_count", "stall_excess_s", "p50_ttft_ms", "p95_ttft_ms",
-           "p99_ttft_ms", "mean_tpot_ms", "p50_e2el_ms", "makespan_s", "output_tok_s", "request_s",
-           "goodput_req_s", "engine_calls"]
 
 
 def add_parser(sub) -> None:
@@ -37,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     m = score(log, slo, args.stall_ms)
     print(f"trace {trace.meta.get('source')} ({len(trace)} requests, sha256 {trace.sha256()[:12]}), "
           f"{setting_label(setting)}, profile {prof['model']['name']} on {prof['device'].get('name', '?')}")
-    print(table([{"metric": k, "value": m[k]} for k in SUMMARY if k in m], ["metric", "value"]))
+    shown = [k for k in SUMMARY if slo or not METRICS[k].needs_slo]
+    print(table([{"metric": k, "value": m[k]} for k in shown], ["metric", "value"]))
     rows = request_rows(log)
     if len(rows) <= 12:
         ms = lambda v: None if v is None else v * 1e3

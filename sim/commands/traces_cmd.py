@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 import argparse
-import inspect
-import json
 import math
 
-from sim.commands.common import (add_shaping_args, add_trace_args, positive_float, shaping_from_args,
-                                 trace_from_args)
+from sim.commands.common import (add_shaping_args, add_trace_args, positive_float, positive_fraction,
+                                 trace_from_args, traces_from_args)
+from sim.files import dumps
 from sim.table import table
 from traces.formats import FORMATS, format_name
-from traces.generators import GENERATORS
-from traces.load import resolve
+from traces.generators import BURSTINESS_HELP, GENERATORS
 from traces.stats import describe
 from traces.trace import Trace, TraceError
 
@@ -27,8 +25,9 @@ def add_parser(sub) -> None:
 
     i = tsub.add_parser("info", help="count, duration, rate, burstiness and length percentiles of a trace",
                         description="Describe a trace file (any supported format) or a generator, after any "
-                                    "shaping. Burstiness is the squared coefficient of variation of the "
-                                    "inter-arrival gaps (1 = Poisson), the generators' convention.")
+                                    "shaping. CV^2 is the squared coefficient of variation of the inter-arrival "
+                                    "gaps (1 = Poisson, above 1 burstier); burstiness is 1/CV^2, the gamma shape "
+                                    "with that variation, in the generators' (and vLLM's) convention.")
     add_file_args(i)
     i.add_argument("--json", action="store_true", help="print the figures and the metadata as JSON")
 
@@ -51,7 +50,7 @@ def add_file_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--arrivals", choices=["poisson", "gamma"],
                    help="length-only CSVs: the arrival process to draw (default poisson)")
     r.add_argument("--rate", type=positive_float, help="length-only CSVs: requests per second (default 1)")
-    r.add_argument("--burstiness", type=positive_float, help="length-only CSVs, gamma: 1 = Poisson, >1 burstier")
+    r.add_argument("--burstiness", type=positive_fraction, help="length-only CSVs, gamma arrivals: " + BURSTINESS_HELP)
     r.add_argument("--seed", type=int, help="seed for drawn arrivals and for --sample (default 0)")
     r.add_argument("--burstgpt-model", metavar="NAME", help="BurstGPT: keep only this model (e.g. ChatGPT, GPT-4)")
     r.add_argument("--burstgpt-log", metavar="TYPE", help="BurstGPT: keep only this log type (conversation, api)")
@@ -67,15 +66,8 @@ def _format(text: str) -> str:
 
 def file_trace_from_args(args: argparse.Namespace) -> Trace:
     """The trace FILE names, read with the reading options and shaped with the shaping options."""
-    shaping = shaping_from_args(args)
-    if args.file in GENERATORS:
-        accepted = inspect.signature(GENERATORS[args.file]).parameters
-        given = {"rate": args.rate, "burstiness": args.burstiness, "seed": args.seed}
-        return resolve(args.file, fmt=args.format, shaping=shaping,
-                       **{k: v for k, v in given.items() if k in accepted})
-    return resolve(args.file, fmt=args.format, shaping=shaping, arrivals=args.arrivals, rate=args.rate,
-                   burstiness=args.burstiness, seed=args.seed, model=args.burstgpt_model,
-                   log_type=args.burstgpt_log)
+    (trace,) = traces_from_args(args, [args.file]).values()
+    return trace
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         trace = file_trace_from_args(args)
         stats = describe(trace)
         if args.json:
-            print(json.dumps({"meta": trace.meta, "sha256": trace.sha256(), "stats": stats.to_dict()}, indent=1))
+            print(dumps({"meta": trace.meta, "sha256": trace.sha256(), "stats": stats.to_dict()}, indent=1))
         else:
             print(info_text(trace, stats))
     elif args.traces_cmd == "convert":
@@ -112,7 +104,9 @@ def info_text(trace: Trace, stats) -> str:
     lines += [f"requests     {stats.count:,}",
               f"duration     {stats.duration_s:,.3f} s",
               f"mean rate    {_num(stats.mean_rate, ',.4g')} requests/s",
-              f"burstiness   {_num(stats.burstiness, '.4g')}  (CV^2 of inter-arrival gaps; 1 = Poisson)",
+              f"CV^2 of gaps {_num(stats.cv2, '.4g')}  (1 = Poisson, above 1 burstier)",
+              f"burstiness   {_num(stats.burstiness, '.4g')}  (1/CV^2: the gamma shape, vLLM's convention; "
+              "below 1 burstier)",
               f"gaps         p50 {stats.gap_p50_s:.4g} s, p99 {stats.gap_p99_s:.4g} s, max {stats.gap_max_s:.4g} s",
               ""]
     rows = [{"tokens": name, **vars(getattr(stats, name))} for name in ("prompt", "output")]

@@ -47,15 +47,18 @@ def gap_percentile_chart(frame: pd.DataFrame) -> alt.HConcatChart:
     frame = frame.assign(panel=frame["family"] if frame["group"].nunique() == 1 else
                          frame["group"] + ": " + frame["family"])  # one row per trace and rate
     columns = []
+    # e.g. two batch sizes: one line per statistic and variant, told apart by their dashes
+    several = frame.groupby("policy")["variant"].nunique().max() > 1
     for i, policy in enumerate(sorted(frame["policy"].unique())):
         sub = frame[frame["policy"] == policy]
         order = budget_order(sub["budget"])
+        lines = {"detail": "variant:N", "strokeDash": alt.StrokeDash("variant:N", title="setting")} if several else {}
         chart = alt.Chart(sub).mark_line(point=True).encode(
             x=alt.X("budget:O", sort=order, title="chunk budget (tokens)", axis=alt.Axis(labelAngle=0)),
             y=alt.Y("ms:Q", scale=_log_if_wide(frame["ms"], 10), title="gap (ms)" if i == 0 else None),
             color=alt.Color("statistic:N", sort=["p50", "p95", "p99", "max"], title="statistic"),
             tooltip=["label:N", "group:N", "family:N", "statistic:N", alt.Tooltip("ms:Q", format=".4g")],
-        ).properties(width=max(90, 42 * len(order)), height=160)
+            **lines).properties(width=max(90, 42 * len(order)), height=160)
         header = alt.Header(labels=i == 0, labelOrient="left")
         columns.append(chart.facet(row=alt.Row("panel:N", title=None, header=header)).properties(title=policy))
     return alt.hconcat(*columns).resolve_scale(y="shared").properties(
@@ -63,17 +66,20 @@ def gap_percentile_chart(frame: pd.DataFrame) -> alt.HConcatChart:
 
 
 def ecdf_chart(frame: pd.DataFrame) -> alt.FacetChart:
-    """Cumulative distribution of gaps per run; measured runs dashed."""
+    """Cumulative distribution of gaps per run; measured runs dashed. Runs of different traces are
+    never overlaid: each trace gets its own row, named."""
     base = alt.Chart(frame).mark_line(interpolate="step-after").encode(
         x=alt.X("ms:Q", scale=_log_if_wide(frame["ms"], 10), title="gap (ms)", axis=alt.Axis(labelOverlap="greedy")),
         y=alt.Y("fraction:Q", title="fraction of gaps <= x"),
         color=alt.Color("series:N", title="run"),
         strokeDash=alt.StrokeDash("source:N", title="source"),
-        tooltip=["label:N", "policy:N", "source:N", alt.Tooltip("ms:Q", format=".4g"),
+        tooltip=["label:N", "policy:N", "source:N", "trace:N", alt.Tooltip("ms:Q", format=".4g"),
                  alt.Tooltip("fraction:Q", format=".2f"), "n:Q"],
     ).properties(width=WIDTH - 60, height=HEIGHT - 40)
-    return base.facet(column=alt.Column("family:N", title=None)).properties(
-        title="gap distributions per run").resolve_scale(x="independent")
+    rows = {"row": alt.Row("trace:N", title="trace")} if frame["trace"].nunique() > 1 else {}
+    return base.facet(column=alt.Column("family:N", title=None), **rows).properties(
+        title="gap distributions per run" + ("" if rows else f" (trace {frame['trace'].iloc[0]})")
+    ).resolve_scale(x="independent")
 
 
 def timeline_chart(frame: pd.DataFrame, title: str) -> alt.LayerChart:

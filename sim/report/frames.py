@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 import pandas as pd
 
+from sim import metric_registry as registry
 from sim.log import EventLog
 from sim.metrics import decode_gaps
 from sim.report.inputs import LogSeries, ReportError
-
-PERCENTILES = {"inter-token gap": ["p50_itl_ms", "p95_itl_ms", "p99_itl_ms", "max_itl_ms"],
-               "decode-completion gap": ["decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms"]}
-CONFIRM_METRICS = ["decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "max_itl_ms", "p50_ttft_ms",
-                   "p95_ttft_ms", "mean_tpot_ms", "output_tok_s", "makespan_s"]
+from sim.settings import KEYS, variant_label
 
 
 def budget_label(b) -> str:
@@ -69,18 +67,27 @@ def tradeoff_frame(df: pd.DataFrame, latency: str, throughput: str, picked: set[
     return out[np.isfinite(out["latency"]) & np.isfinite(out["throughput"])]
 
 
+def _setting_of(row) -> dict:
+    return {k: (None if isinstance(row.get(k), float) and math.isnan(row.get(k)) else row.get(k))
+            for k in KEYS if k in row}
+
+
 def gap_percentile_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """Long form: per setting, each gap percentile the sweep recorded."""
+    """Long form: per setting, each gap percentile the sweep recorded (`metric_registry.GAP_CHART`).
+
+    `variant` is the rest of the setting (batch size, decode mode, order): a chart by budget draws
+    one line per statistic and variant, never one line through two settings at the same budget."""
     rows = []
+    metrics = registry.gap_chart_metrics()
     for _, r in df.iterrows():
-        for family, cols in PERCENTILES.items():
-            for col in cols:
-                v = r.get(col)
-                if v is None or not np.isfinite(v) or v <= 0:
-                    continue
-                stat = col.replace("_itl_ms", "").replace("decode_gap_", "").replace("_ms", "")
-                rows.append({"group": group_name(r), "policy": r["policy"], "budget": budget_label(r["budget"]),
-                             "label": r["label"], "family": family, "statistic": stat, "ms": float(v)})
+        variant = variant_label(_setting_of(r)) or r["policy"]  # fifo: nothing besides the policy
+        for m in metrics:
+            v = r.get(m.name)
+            if v is None or not np.isfinite(v) or v <= 0:
+                continue
+            rows.append({"group": group_name(r), "policy": r["policy"], "budget": budget_label(r["budget"]),
+                         "variant": variant, "label": r["label"], "family": m.family, "statistic": m.statistic,
+                         "ms": float(v)})
     return pd.DataFrame(rows)
 
 
@@ -91,10 +98,21 @@ def log_gaps(log: EventLog) -> dict[str, np.ndarray]:
     return {"inter-token gap": itl, "decode-completion gap": decode_gaps(log) * 1e3}
 
 
+def trace_names(series: list[LogSeries]) -> dict[str, str]:
+    """One display name per trace identity (its SHA-256 where known, else its name), told apart by
+    the hash's first characters where two traces share a name."""
+    first: dict[str, str] = {}
+    for s in series:
+        first.setdefault(s.trace_sha256 or s.trace, s.trace or "?")
+    counts = Counter(first.values())
+    return {k: f"{n} ({k[:8]})" if counts[n] > 1 else n for k, n in first.items()}
+
+
 def ecdf_frame(series: list[LogSeries], points: int = 101) -> pd.DataFrame:
     """Each series' gap distribution as `points` quantiles, plus a finer tail (the stalls live in the
-    last percent): a few hundred rows for any log size."""
+    last percent): a few hundred rows for any log size. `trace` names the run's trace."""
     q = np.unique(np.concatenate([np.linspace(0, 1, points), 1 - np.logspace(-4, -2, 7)]))
+    names = trace_names(series)
     rows = []
     for s in series:
         for family, gaps in log_gaps(s.log).items():
@@ -103,8 +121,9 @@ def ecdf_frame(series: list[LogSeries], points: int = 101) -> pd.DataFrame:
                 continue
             for qi, v in zip(q, np.quantile(gaps, q)):
                 rows.append({"series": f"{s.label} ({s.source})", "label": s.label, "policy": s.policy,
-                             "source": s.source, "family": family, "ms": float(v), "fraction": float(qi),
-                             "n": int(len(gaps))})
+                             "source": s.source, "trace": names[s.trace_sha256 or s.trace], "family": family,
+                             "ms": float(v),
+                             "fraction": float(qi), "n": int(len(gaps))})
     return pd.DataFrame(rows)
 
 
@@ -158,7 +177,8 @@ def confirm_frame(doc: dict, metrics: list[str] | None = None) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    wanted = metrics or [m for m in CONFIRM_METRICS if m in set(df["metric"])] or sorted(set(df["metric"]))[:9]
+    df["metric"] = df["metric"].map(registry.canonical)  # reports written under earlier names
+    wanted = metrics or [m for m in registry.CONFIRM_CHART if m in set(df["metric"])] or sorted(set(df["metric"]))[:9]
     df = df[df["metric"].isin(wanted)]
     return df[np.isfinite(df["predicted"]) & np.isfinite(df["measured"])]
 

@@ -7,20 +7,23 @@ from pathlib import Path
 import pandas as pd
 
 from sim.files import read_json_object
+from sim.errors import UserError
 from sim.log import EventLog
 
 
-class ReportError(ValueError):
+class ReportError(UserError, ValueError):
     """An input the report cannot read; the message names the file and the problem."""
 
 
 @dataclass
 class LogSeries:
-    """An event log to draw: where it came from and which setting produced it."""
+    """An event log to draw: where it came from, which setting produced it, on which trace."""
     label: str
     policy: str
     source: str  # "simulated" or "measured"
     log: EventLog
+    trace: str = ""  # the trace's name, for a reader
+    trace_sha256: str = ""  # the trace's identity: runs of different traces are never drawn as one
 
 
 @dataclass
@@ -54,8 +57,11 @@ def load_sweep(directory: str | Path) -> Sweep:
         path = directory / entry["file"]
         if path.is_file():
             d = _read_json(path, "sweep log")
-            logs.append(LogSeries(d["label"], d["setting"]["policy"], "simulated",
-                                  log_of(d["log"], str(path))))
+            trace, rate = d.get("trace") or {}, d.get("rate_scale", 1.0)
+            scaled = f" x{rate:g}" if rate != 1 else ""  # arrivals scaled: other traffic
+            logs.append(LogSeries(d["label"], d["setting"]["policy"], "simulated", log_of(d["log"], str(path)),
+                                  trace.get("name", entry.get("trace", "")) + scaled,
+                                  trace.get("sha256", "") + scaled))
     return Sweep(pd.DataFrame(doc["rows"]), doc, logs)
 
 
@@ -83,13 +89,21 @@ def load_simulate(path: str | Path) -> dict:
 def confirm_logs(doc: dict) -> list[LogSeries]:
     """The first repeat of each confirmed setting: the measured run to draw."""
     seen, out = set(), []
+    trace = doc.get("trace") or {}
+    name, sha = trace_name(trace.get("meta") or {}), trace.get("sha256", "")
     for i, run in enumerate(doc.get("runs", [])):
         if run.get("label") in seen or "log" not in run:
             continue
         seen.add(run["label"])
         policy = (run.get("setting") or {}).get("policy") or run["label"].split("/")[0]
-        out.append(LogSeries(run["label"], policy, "measured", log_of(run["log"], f"confirm runs[{i}]")))
+        out.append(LogSeries(run["label"], policy, "measured", log_of(run["log"], f"confirm runs[{i}]"), name, sha))
     return out
+
+
+def trace_name(meta: dict) -> str:
+    """A short name for a trace from its metadata: its source's file stem, or its generator."""
+    source = str(meta.get("source") or "")
+    return Path(source).stem if source else ""
 
 
 # --- frames: what the charts draw --------------------------------------------------------------

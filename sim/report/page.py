@@ -3,7 +3,6 @@ vl-convert), PNGs by the same renderer, and report.json."""
 from __future__ import annotations
 
 import html
-import json
 import os
 import tempfile
 import time
@@ -14,7 +13,8 @@ from pathlib import Path
 import altair as alt
 import numpy as np
 
-from sim.files import ExistsError, atomic_write_json, atomic_write_text
+from sim import metric_registry as registry
+from sim.files import ExistsError, atomic_write_json, atomic_write_text, dumps
 from sim.report.charts import (
     calibration_chart,
     confirm_chart,
@@ -44,7 +44,9 @@ from sim.report.inputs import (
     load_simulate,
     load_sweep,
     log_of,
+    trace_name,
 )
+from sim.settings import setting_label
 
 
 @dataclass
@@ -64,8 +66,8 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
     # trade-off and gap percentiles, from a sweep
     if sweep is not None:
         inp = sweep.doc.get("inputs", {})
-        latency = latency or inp.get("latency") or "decode_gap_p95_ms"
-        throughput = inp.get("throughput") or "output_tok_s"
+        latency = column(sweep.df, latency or inp.get("latency") or registry.DEFAULT_LATENCY)
+        throughput = column(sweep.df, inp.get("throughput") or registry.DEFAULT_OBJECTIVE)
         picked, front = pick_marks(sweep.doc.get("picks", []))
         rows = []
         for pk in sweep.doc.get("picks", []):
@@ -83,7 +85,8 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
                  f"Colour: chunk budget; shape: policy. The dashed line joins the Pareto front (no other setting "
                  f"has both lower {latency} and higher {throughput}); the ring marks the pick"
                  + (f" ({inp.get('objective')}, subject to {', '.join(inp['slo']['constraints'])})"
-                    if inp.get("slo", {}).get("constraints") else f" ({inp.get('objective', '')})") + ".")
+                    if inp.get("slo", {}).get("constraints") else f" ({inp.get('objective', '')})") + ". "
+                 + " ".join(registry.describe(m) + "." for m in (latency, throughput)))
         secs.append(Section("tradeoff", "Throughput / latency trade-off", about,
                             tradeoff_chart(tf, latency, throughput) if len(tf) else None,
                             "" if len(tf) else f"no run has finite {latency} and {throughput}",
@@ -103,18 +106,23 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
     series: list[LogSeries] = []
     if simulated is not None:
         s = simulated.get("setting", {})
-        from sim.commands.common import setting_label
         label = setting_label(s) if s else "simulate"
-        series.append(LogSeries(label, s.get("policy", "?"), "simulated", log_of(simulated["log"], "--simulate")))
+        trace = simulated.get("trace") or {}
+        series.append(LogSeries(label, s.get("policy", "?"), "simulated", log_of(simulated["log"], "--simulate"),
+                                trace_name(trace.get("meta") or {}), trace.get("sha256", "")))
     if sweep is not None:
         series += sweep.logs
     if confirm is not None:
         series += confirm_logs(confirm)
     if series:
         ef = ecdf_frame(series)
+        traces = sorted(set(ef["trace"])) if len(ef) else []
+        on = (f"All runs replay one trace, {traces[0]}." if len(traces) == 1 else
+              f"The runs replay {len(traces)} different traces ({', '.join(traces)}): each trace has its own "
+              "row, and only runs of the same trace are drawn together.")
         secs.append(Section("gap_ecdf", "Gap distributions per run",
                             "Cumulative distribution of every gap in each run's event log: simulated runs solid, "
-                            "runs measured on the real engine dashed.",
+                            "runs measured on the real engine dashed. " + on,
                             ecdf_chart(ef) if len(ef) else None, "" if len(ef) else "the logs hold no gaps"))
         first = series[0]
         tl = timeline_frame(first.log)
@@ -173,6 +181,16 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
     return secs, summary
 
 
+def column(df, name: str) -> str:
+    """The column of `df` that holds metric `name`: itself, or under its registry name or an alias
+    (results written before a metric was renamed)."""
+    m = registry.get(name)
+    for candidate in [name] + ([m.name, *m.aliases] if m else []):
+        if candidate in df.columns:
+            return candidate
+    return name
+
+
 def _html_table(rows: list[dict], cols: list[str]) -> str:
     if not rows:
         return ""
@@ -205,7 +223,7 @@ def page(sections: list[Section], inputs: dict) -> str:
             parts.append(f"<p>{html.escape(s.about)}</p>")
         if s.chart is not None:
             parts.append(f'<div class="chart" id="chart-{s.name}"></div>')
-            embeds.append(f"vegaEmbed('#chart-{s.name}', {json.dumps(s.chart.to_dict())}, "
+            embeds.append(f"vegaEmbed('#chart-{s.name}', {dumps(s.chart.to_dict())}, "
                           "{mode: 'vega-lite', actions: {export: true, source: false, compiled: false, "
                           "editor: false}}).catch(e => { document.getElementById('chart-" + s.name +
                           "').textContent = 'chart failed: ' + e; });")

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from datetime import datetime, timezone
 from pathlib import Path
+
+from sim.errors import InputError
 
 NEEDS_MLX = True
 
@@ -54,11 +55,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant-bits", type=int, choices=[4, 8], help="quantize weights (mlx.nn.quantize)")
 
 
-def default_profile_path(model: str, device_kind: str, engine: str = "pdsim") -> Path:
-    return Path("profiles") / (f"{model}-{device_kind}.json" if engine == "pdsim" else
-                               f"{model}-{device_kind}-{engine}.json")
-
-
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -66,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from calibrate.grid import GRIDS
     if args.from_runs:
         if not args.out:
-            raise ValueError("--from-runs needs -o for the refitted profile")
+            raise InputError("--from-runs needs -o for the refitted profile")
         prof, before = from_runs([Path(r) for r in args.from_runs], Path(args.out),
                                  Path(args.refit) if args.refit else None, args.seed, args.overwrite)
         report(prof, "with confirm runs", 0.0)
@@ -74,19 +70,19 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.refit:
         if not args.out:
-            raise ValueError("--refit needs -o for the refitted profile")
+            raise InputError("--refit needs -o for the refitted profile")
         report(refit(Path(args.refit), Path(args.out), args.seed, args.overwrite), "refit", 0.0)
         return 0
     if args.steps and not args.add_rounds:
-        raise ValueError("--steps goes with --add-rounds")
+        raise InputError("--steps goes with --add-rounds")
     overrides = {k: getattr(args, k) for k in ("chunks", "offsets", "batches", "contexts", "repeats")
                  if getattr(args, k) is not None}
     for k, v in overrides.items():
         if any(x < (0 if k == "offsets" else 1) for x in (v if isinstance(v, list) else [v])):
-            raise ValueError(f"--{k} {v}: values must be >= {0 if k == 'offsets' else 1}")
+            raise InputError(f"--{k} {v}: values must be >= {0 if k == 'offsets' else 1}")
     if args.add_rounds:
         if not args.out:
-            raise ValueError("--add-rounds needs -o for the profile with the added rounds")
+            raise InputError("--add-rounds needs -o for the profile with the added rounds")
         t0 = time.perf_counter()
         prof = add_rounds(Path(args.add_rounds), Path(args.out), args.repeats, args.steps, args.seed, args.overwrite)
         report(prof, "with added rounds", time.perf_counter() - t0)
@@ -110,10 +106,11 @@ def run_mlx_lm(args: argparse.Namespace, grid_name: str, overrides: dict) -> int
     from calibrate.grid import MLX_GRIDS
     from calibrate.host import host_info
     from calibrate.mlxlm_calibration import calibrate_mlx_lm
+    from calibrate.profile_paths import default_profile_path
     unused = [k for k in overrides if k != "repeats"]
     if unused or args.add_rounds or args.from_runs:
         bad = f"--{unused[0]}" if unused else "--add-rounds" if args.add_rounds else "--from-runs"
-        raise ValueError(f"{bad} applies to pdsim's engine, not to --engine mlx-lm")
+        raise InputError(f"{bad} applies to pdsim's engine, not to --engine mlx-lm")
     grid = replace(MLX_GRIDS[grid_name], **overrides)
     out = Path(args.out) if args.out else default_profile_path(args.model, host_info()["kind"], "mlx-lm")
     t0 = time.perf_counter()
@@ -202,7 +199,3 @@ def report_replay(r: dict) -> None:
     for row in r["by_kind"]:
         print(f"    {row['kind']:8s} {row['calls']:4d} calls  median {row['ratio_median']:.3f}  "
               f"p10..p90 {row['ratio_p10']:.3f}..{row['ratio_p90']:.3f}  median |error| {row['abs_error_median']:.1%}")
-
-
-def stamp() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

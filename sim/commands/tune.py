@@ -1,12 +1,12 @@
 """`pdsim tune`: the whole loop on built-in defaults — calibrate, sweep, pick, confirm, report.
 
-Each step is the pdsim command of the same name, so what tune does a user can redo by hand, and
-each step's files land in one output folder.
+Each step calls the library functions the pdsim command of the same name calls, and prints what
+that command prints, so what tune does a user can redo by hand; each step's files land in one
+output folder.
 """
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 NEEDS_MLX = True
@@ -14,27 +14,28 @@ NEEDS_MLX = True
 # Defaults per device kind: the tiny-llm seed's trace, scaled down on a CPU so a tune fits in
 # minutes (prompt lengths, outputs and budgets / 4, the same 8 requests at t=0 and batch size 4).
 PRESETS = {
-    "cpu": {"trace": ["--num-seqs", "8", "--min-in", "16", "--max-in", "128", "--min-out", "8", "--max-out", "8"],
-            "budgets": ["8", "16", "32", "64", "128"], "scale": "tiny-llm's trace with prompts, outputs "
+    "cpu": {"trace": {"num_seqs": 8, "min_in": 16, "max_in": 128, "min_out": 8, "max_out": 8},
+            "budgets": [8, 16, 32, 64, 128], "scale": "tiny-llm's trace with prompts, outputs "
             "and budgets scaled by 1/4 (prompts 16..128, 8 outputs)"},
-    "gpu": {"trace": ["--num-seqs", "8", "--min-in", "64", "--max-in", "512", "--min-out", "32", "--max-out", "32"],
-            "budgets": ["16", "32", "64", "128", "256", "512"], "scale": "tiny-llm's trace as in the seed"},
+    "gpu": {"trace": {"num_seqs": 8, "min_in": 64, "max_in": 512, "min_out": 32, "max_out": 32},
+            "budgets": [16, 32, 64, 128, 256, 512], "scale": "tiny-llm's trace as in the seed"},
 }
 # --engine mlx-lm: a server's traffic (Poisson arrivals, prompts longer than the smaller steps) and
 # mlx_lm.server's three flags as the grid; the confirm baseline is the server's defaults.
 MLX_LM_PRESETS = {
-    "cpu": {"trace": ["poisson", "--num-requests", "10", "--rate", "0.4", "--min-in", "32", "--max-in", "256",
-                      "--min-out", "8", "--max-out", "16"],
-            "grid": ["--prefill-step", "32", "64", "128", "512", "2048", "--prompt-concurrency", "1", "2", "4", "8",
-                     "--decode-concurrency", "4", "8", "32"],
+    "cpu": {"trace": {"num_requests": 10, "rate": 0.4, "min_in": 32, "max_in": 256, "min_out": 8, "max_out": 16},
+            "grid": {"prefill_step": [32, 64, 128, 512, 2048], "prompt_concurrency": [1, 2, 4, 8],
+                     "decode_concurrency": [4, 8, 32]},
             "scale": "10 Poisson arrivals at 0.4/s, prompts 32..256, 8..16 outputs"},
-    "gpu": {"trace": ["poisson", "--num-requests", "32", "--rate", "2", "--min-in", "64", "--max-in", "2048",
-                      "--min-out", "32", "--max-out", "256"],
-            "grid": ["--prefill-step", "128", "256", "512", "1024", "2048", "--prompt-concurrency", "1", "2", "4", "8",
-                     "--decode-concurrency", "8", "16", "32"],
+    "gpu": {"trace": {"num_requests": 32, "rate": 2, "min_in": 64, "max_in": 2048, "min_out": 32, "max_out": 256},
+            "grid": {"prefill_step": [128, 256, 512, 1024, 2048], "prompt_concurrency": [1, 2, 4, 8],
+                     "decode_concurrency": [8, 16, 32]},
             "scale": "32 Poisson arrivals at 2/s, prompts 64..2048, 32..256 outputs"},
 }
-SERVER_DEFAULTS = "mlx-lm:prefill_step=2048,prompt_concurrency=8,decode_concurrency=32"
+MLX_LM_KEYS = ("prefill_step", "prompt_concurrency", "decode_concurrency")
+POLICIES = ["fifo", "eager", "chunked"]
+BATCH_SIZE = 4
+BASELINE = {"policy": "eager", "batch_size": BATCH_SIZE}
 
 
 def add_parser(sub) -> None:
@@ -61,14 +62,23 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import shutil
+    import time
 
-    from calibrate.cmd_calibrate import default_profile_path
+    from calibrate.calibration import calibrate
+    from calibrate.confirm import confirm
+    from calibrate.grid import GRIDS
     from calibrate.host import host_info
-    from sim.cli import main
+    from calibrate.model import QWEN3_CONFIGS
+    from calibrate.profile_paths import default_profile_path
+    from sim.commands import calibrate_cmd, confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
     from sim.costmodel import ProfileError, check_profile_matches, cost_model, load_profile
     from sim.errors import UserError
+    from sim.pick import Objective
+    from sim.report import make_report
+    from sim.settings import grid_settings, setting
+    from sim.sweep_results import SweepPlan
+    from traces.generators import tinyllm
 
-    from calibrate.model import QWEN3_CONFIGS
     if args.model not in QWEN3_CONFIGS:
         raise UserError(f"unknown model {args.model!r}; known: {', '.join(QWEN3_CONFIGS)}")
     host = host_info()
@@ -99,93 +109,102 @@ def run(args: argparse.Namespace) -> int:
             print(f"cached profile not usable ({e}); calibrating again")
             reuse = False
     print("\n[1/4] calibrate: " + (f"reusing {profile}" if reuse else f"quick calibration -> {profile}"))
-    if not reuse and (code := main(["calibrate", "--model", args.model, "--quick", "-o", str(profile),
-                                    "--overwrite", "--engine", args.engine] + (["--any-mlx-lm"] * args.any_mlx_lm))):
-        return code
+    if not reuse:
+        t0 = time.perf_counter()
+        if args.engine == "mlx-lm":
+            from calibrate.grid import MLX_GRIDS
+            from calibrate.mlxlm_calibration import calibrate_mlx_lm
+            made = calibrate_mlx_lm(args.model, MLX_GRIDS["quick"], profile, overwrite=True, any_mlx_lm=args.any_mlx_lm)
+        else:
+            made = calibrate(args.model, GRIDS["quick"], profile, overwrite=True)
+        calibrate_cmd.report(made, "quick", time.perf_counter() - t0)
     prof = load_profile(profile)
+    for w in check_profile_matches(prof, args.model):
+        print(f"warning: {w}")
     if args.engine == "mlx-lm":
         return tune_mlx_lm(args, prof, profile, out, host)
 
-    trace = out / "trace.jsonl"
-    if code := main(["traces", "gen", "tinyllm", *preset["trace"], "-o", str(trace)]):
-        return code
+    trace_path = out / "trace.jsonl"
+    trace = tinyllm(**preset["trace"])
+    trace.save_jsonl(trace_path)
+    print(f"wrote {trace_path}: {len(trace)} requests, sha256 {trace.sha256()}")
     slo = args.slo or [default_slo(cost_model(prof))]
     print(f"\n[2/4] sweep on {preset['scale']}; target {' '.join(slo)}, maximizing output tokens/s")
-    if code := main(["sweep", "--trace", str(trace), "--policy", "fifo", "eager", "chunked", "--budget",
-                     *preset["budgets"], "--batch-size", "4", "--profile", str(profile), "--model", args.model,
-                     "--slo", *slo, "-o", str(out / "sweep"), "--logs", "2", "--no-progress"]):
-        return code
-    sweep = json.loads((out / "sweep" / "results.json").read_text())
-    best = sweep["picks"][0]["best"]
+    settings = grid_settings(POLICIES, preset["budgets"], [BATCH_SIZE])
+    plan = SweepPlan({trace_path.stem: trace}, settings, prof, slo=slo, objective=Objective())
+    result = sweep_cmd.execute(plan, out / "sweep", {"policy": POLICIES, "budget": preset["budgets"],
+                                                    "batch_size": [BATCH_SIZE]}, logs=2, progress=False)
+    best = result.picks[0].best
     if best is None:
         print("no setting meets the target; see the sweep's Pareto front, or pass a looser --slo")
         return 1
-    rows = {r["label"]: r for r in sweep["rows"]}
-    settings = [spec(rows[best])] + ([spec(rows["eager/bs4"])] if best != "eager/bs4" else [])
-    print(f"\n[3/4] confirm the pick {best} against the eager baseline on the real engine")
-    if code := main(["confirm", "--profile", str(profile), "--trace", str(trace), "--setting", *settings,
-                     "--repeats", str(args.repeats), "-o", str(out / "confirm.json")]):
+    chosen = [setting({k: best[k] for k in ("policy", "budget", "batch_size", "decode", "order")})]
+    baseline = setting(BASELINE)
+    chosen += [baseline] if chosen[0] != baseline else []
+    print(f"\n[3/4] confirm the pick {best['label']} against the eager baseline on the real engine")
+    report_path = out / "confirm.json"
+    report = confirm(prof, trace, chosen, report_path, args.repeats)
+    if code := confirm_cmd.print_report(report, str(report_path), None):
         return code
     print("\n[4/4] report")
-    return main(["report", "--sweep", str(out / "sweep"), "--confirm", str(out / "confirm.json"),
-                 "--profile", str(profile), "-o", str(out / "report")])
+    doc = make_report(out / "report", out / "sweep", report_path, profile)
+    report_cmd.print_written(doc, out / "report")
+    return 0
 
 
 def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
     """Steps 2-4 for mlx_lm.server: sweep its three flags, confirm the pick against the server's
     defaults on BatchGenerator itself, report, and print the server's command line."""
+    from calibrate.confirm import confirm
+    from calibrate.model import HF_REPOS
     from policies.mlxlm import server_command
-    from sim.cli import main
+    from sim.commands import confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
     from sim.costmodel import cost_model
+    from sim.metric_registry import DEFAULT_LATENCY
+    from sim.pick import Objective
+    from sim.report import make_report
+    from sim.settings import grid_settings, setting
+    from sim.sweep_results import SweepPlan
+    from traces.generators import poisson
+
     preset = MLX_LM_PRESETS[host["kind"]]
-    trace = out / "trace.jsonl"
-    if code := main(["traces", "gen", *preset["trace"], "-o", str(trace)]):
-        return code
+    trace_path = out / "trace.jsonl"
+    trace = poisson(**preset["trace"])
+    trace.save_jsonl(trace_path)
+    print(f"wrote {trace_path}: {len(trace)} requests, sha256 {trace.sha256()}")
     step = cost_model(prof).mlx_lm_call("generate", 4, 0, [128] * 4, 0, 0)
-    slo = args.slo or [f"decode_gap_p95_ms<={2 * step * 1e3:.0f}"]
+    slo = args.slo or [f"{DEFAULT_LATENCY}<={2 * step * 1e3:.0f}"]
     print(f"\n[2/4] sweep of mlx_lm.server's flags on {preset['scale']}; target {' '.join(slo)}, "
           "maximizing output tokens/s")
-    if code := main(["sweep", "--trace", str(trace), "--policy", "mlx-lm", *preset["grid"], "--profile", str(profile),
-                     "--model", args.model, "--slo", *slo, "-o", str(out / "sweep"), "--logs", "2", "--no-progress"]):
-        return code
-    sweep = json.loads((out / "sweep" / "results.json").read_text())
-    best = sweep["picks"][0]["best"]
+    grid = preset["grid"]
+    settings = grid_settings(["mlx-lm"], prefill_steps=grid["prefill_step"],
+                             prompt_concurrencies=grid["prompt_concurrency"],
+                             decode_concurrencies=grid["decode_concurrency"])
+    plan = SweepPlan({trace_path.stem: trace}, settings, prof, slo=slo, objective=Objective())
+    result = sweep_cmd.execute(plan, out / "sweep", {"policy": ["mlx-lm"], **grid}, logs=2, progress=False)
+    best = result.picks[0].best
     if best is None:
         print("no setting meets the target; see the sweep's Pareto front, or pass a looser --slo")
         return 1
-    row = {r["label"]: r for r in sweep["rows"]}[best]
-    pick = {k: int(row[k]) for k in ("prefill_step", "prompt_concurrency", "decode_concurrency")}
-    settings = [spec_mlx_lm(pick)] + ([SERVER_DEFAULTS] if spec_mlx_lm(pick) != SERVER_DEFAULTS else [])
-    print(f"\n[3/4] confirm the pick {best} against mlx_lm.server's defaults on mlx-lm's BatchGenerator")
-    if code := main(["confirm", "--engine", "mlx-lm", "--profile", str(profile), "--trace", str(trace), "--setting",
-                     *settings, "--repeats", str(args.repeats), "-o", str(out / "confirm.json")]
-                    + (["--any-mlx-lm"] * args.any_mlx_lm)):
+    pick = setting({"policy": "mlx-lm", **{k: int(best[k]) for k in MLX_LM_KEYS}})
+    server = setting({"policy": "mlx-lm"})  # mlx_lm.server's defaults
+    chosen = [pick] + ([server] if pick != server else [])
+    print(f"\n[3/4] confirm the pick {best['label']} against mlx_lm.server's defaults on mlx-lm's BatchGenerator")
+    report_path = out / "confirm.json"
+    report = confirm(prof, trace, chosen, report_path, args.repeats, engine="mlx-lm", any_mlx_lm=args.any_mlx_lm)
+    if code := confirm_cmd.print_report(report, str(report_path), None):
         return code
     print("\n[4/4] report")
-    if code := main(["report", "--sweep", str(out / "sweep"), "--confirm", str(out / "confirm.json"),
-                     "--profile", str(profile), "-o", str(out / "report")]):
-        return code
-    from calibrate.model import HF_REPOS
+    doc = make_report(out / "report", out / "sweep", report_path, profile)
+    report_cmd.print_written(doc, out / "report")
     weights = prof["model"].get("weights")
     model = weights if weights not in (None, "random") else HF_REPOS.get(args.model, args.model)
     print(f"\nserve it with the picked flags:\n  {server_command(pick, model)}")
     return 0
 
 
-def spec_mlx_lm(pick: dict) -> str:
-    return "mlx-lm:" + ",".join(f"{k}={v}" for k, v in pick.items())
-
-
 def default_slo(cost) -> str:
     """Tokens may wait at most twice a plain decode step of a full batch (4 requests, 128 context)."""
+    from sim.metric_registry import DEFAULT_LATENCY
     step_ms = cost.decode([128] * 4) * 1e3
-    return f"decode_gap_p95_ms<={2 * step_ms:.0f}"
-
-
-def spec(row: dict) -> str:
-    """A sweep row as a `--setting` string."""
-    keys = {"budget": row.get("budget"), "batch_size": row.get("batch_size"), "decode": row.get("decode"),
-            "order": row.get("order")}
-    parts = [f"{k}={int(v) if k in ('budget', 'batch_size') else v}" for k, v in keys.items()
-             if v is not None and v == v]
-    return row["policy"] + (":" + ",".join(parts) if parts else "")
+    return f"{DEFAULT_LATENCY}<={2 * step_ms:.0f}"

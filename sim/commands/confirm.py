@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 from sim.commands.common import (add_policy_args, add_trace_args, positive_float, positive_int,
@@ -51,9 +50,6 @@ def run(args: argparse.Namespace) -> int:
     return print_report(report, args.out, args.tolerance)
 
 
-SIX = ("decode_gap_p50_ms", "decode_gap_p95_ms", "p50_ttft_ms", "p95_ttft_ms", "output_tok_s", "makespan_s")
-
-
 def print_report(report: dict, out: str, tolerance: float | None) -> int:
     from sim.table import fmt, table
     print(f"gate: chunked logits match one-shot (rtol=atol=1e-3): "
@@ -73,12 +69,6 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
         print(f"\n{res['label']}  ({report['protocol']['repeats']} runs)")
         print(table(rows, ["metric", "predicted", "measured", "range", "error"],
                     ["metric", "predicted", "measured (median)", "min..max", "rel. error"]))
-        if res.get("speed"):
-            sp, adj = res["speed"], res["adjusted_error"]
-            six = [abs(adj[k]) for k in SIX if k in adj]
-            print(f"machine speed against the calibration (warm-ups, measured/priced): {sp['median']:.2f}x "
-                  f"({min(sp['runs']):.2f}..{max(sp['runs']):.2f}); adjusted for it, median |error| of "
-                  f"{', '.join(SIX)}: {statistics.median(six):.1%}" if six else "")
         if res.get("calls_by_kind"):  # reports written before the per-call table have none
             print(table([dict(c, range=f"{fmt(c['ratio_p10'])}..{fmt(c['ratio_p90'])}")
                          for c in res["calls_by_kind"]],

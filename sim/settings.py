@@ -1,0 +1,130 @@
+"""Settings: one policy configuration, made complete where it is made.
+
+Every caller (the CLI's grid, `--setting` strings, the Python API, confirm) builds its settings
+here, so a setting always has every field, and a label names it the same way everywhere.
+Options a policy's loop does not read (`policies.POLICIES[name].uses`) take one fixed value:
+fifo decodes one request at a time, so fifo at batch size 4 and at 8 is the same setting, run once.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterable, Mapping
+
+import policies
+from policies import PolicyError
+from policies.mlxlm import DEFAULTS as MLX_LM_SERVER_DEFAULTS
+
+DEFAULTS = {"budget": None, "batch_size": 4, "decode": "batched", "order": "chunk-first"}
+# mlx-lm's own options (mlx_lm.server's flags), with the server's defaults; no other policy reads them
+MLX_LM_DEFAULTS = dict(MLX_LM_SERVER_DEFAULTS)
+# the value an option takes in a policy that does not read it
+UNUSED = {"budget": None, "batch_size": 1, "decode": "batched", "order": "chunk-first",
+          **{k: None for k in MLX_LM_DEFAULTS}}
+KEYS = ("policy", *DEFAULTS, *MLX_LM_DEFAULTS)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A policy and its options; unread options normalized, the whole checked by `policies.make`."""
+    policy: str
+    budget: int | None = None
+    batch_size: int = 4
+    decode: str = "batched"
+    order: str = "chunk-first"
+    prefill_step: int | None = None
+    prompt_concurrency: int | None = None
+    decode_concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("budget", "batch_size", *MLX_LM_DEFAULTS):  # from a table row: 32.0 is 32, NaN is no value
+            v = getattr(self, key)
+            if isinstance(v, float) or hasattr(v, "item"):
+                v = float(v)
+                object.__setattr__(self, key, None if math.isnan(v) else int(v) if v.is_integer() else v)
+        if self.policy not in policies.POLICIES:
+            raise PolicyError(f"unknown policy {self.policy!r}; known: {', '.join(policies.POLICIES)}")
+        uses = policies.POLICIES[self.policy].uses
+        for key, value in UNUSED.items():
+            if key not in uses:
+                object.__setattr__(self, key, value)
+            elif getattr(self, key) is None and key in MLX_LM_DEFAULTS:
+                object.__setattr__(self, key, MLX_LM_DEFAULTS[key])
+        policies.make(**asdict(self))  # one error, naming the bad option, before anything runs
+
+    @classmethod
+    def of(cls, s: "Setting | Mapping") -> "Setting":
+        """A setting from a dict with any subset of the fields (the rest take their defaults)."""
+        if isinstance(s, Setting):
+            return s
+        extra = sorted(set(s) - set(KEYS))
+        if extra:
+            raise PolicyError(f"setting {dict(s)}: unknown key(s) {', '.join(extra)}; known: {', '.join(KEYS)}")
+        if "policy" not in s:
+            raise PolicyError(f"setting {dict(s)}: no policy (one of {', '.join(policies.POLICIES)})")
+        return cls(**s)
+
+    def to_dict(self) -> dict:
+        """The policy's family of keys: mlx-lm's own three, or pdsim's four (so a pdsim setting's
+        dict is the same as before mlx-lm was modelled)."""
+        keys = ("policy", *MLX_LM_DEFAULTS) if self.policy == "mlx-lm" else ("policy", *DEFAULTS)
+        return {k: getattr(self, k) for k in keys}
+
+    @property
+    def label(self) -> str:
+        """`chunked/b128/bs4`, `eager/bs4/decode-first`, `fifo/single`, `mlx-lm/s512/p4/d32`: the options
+        the policy reads."""
+        budget = [f"b{self.budget}"] if self.budget is not None else []
+        return "/".join([self.policy, *budget, *self.variant_parts()])
+
+    def variant_parts(self) -> list[str]:
+        """The label's parts after the policy and budget: batch size, decode mode, order; for mlx-lm
+        its step, prompt and decode concurrency (mlx_lm.server's three flags)."""
+        if self.policy == "mlx-lm":
+            return [f"s{self.prefill_step}", f"p{self.prompt_concurrency}", f"d{self.decode_concurrency}"]
+        parts = [f"bs{self.batch_size}"] if "batch_size" in policies.POLICIES[self.policy].uses else []
+        if self.decode != "batched":
+            parts.append(self.decode)
+        if self.order != "chunk-first":
+            parts.append(self.order)
+        return parts
+
+
+def variant_label(s: "Setting | Mapping") -> str:
+    """The label without the policy and budget (`bs4`, `bs8/single`, `` for fifo): what tells apart
+    settings a budget chart draws at the same budget."""
+    return "/".join(Setting.of(s).variant_parts())
+
+
+def setting(s: "Setting | Mapping") -> dict:
+    """The complete setting dict (every key, unread options normalized)."""
+    return Setting.of(s).to_dict()
+
+
+def setting_label(s: "Setting | Mapping") -> str:
+    return Setting.of(s).label
+
+
+def grid_settings(policy_names: Iterable[str], budgets: Iterable[int | None] = (128,),
+                  batch_sizes: Iterable[int] = (4,), decodes: Iterable[str] = ("batched",),
+                  orders: Iterable[str] = ("chunk-first",), prefill_steps: Iterable[int | None] = (None,),
+                  prompt_concurrencies: Iterable[int | None] = (None,),
+                  decode_concurrencies: Iterable[int | None] = (None,)) -> list[dict]:
+    """Every combination of the options, each distinct setting once (`unique`): mlx-lm's options do
+    not multiply the other policies, nor theirs mlx-lm."""
+    return unique({"policy": p, "budget": b, "batch_size": bs, "decode": d, "order": o, "prefill_step": st,
+                   "prompt_concurrency": pc, "decode_concurrency": dc}
+                  for p, b, bs, d, o, st, pc, dc in itertools.product(
+                      policy_names, budgets, batch_sizes, decodes, orders, prefill_steps, prompt_concurrencies,
+                      decode_concurrencies))
+
+
+def unique(settings: Iterable["Setting | Mapping"]) -> list[dict]:
+    """Complete setting dicts, each once, in first-seen order: two settings that run the same work
+    (fifo at two batch sizes, eager at two budgets) are one."""
+    out: dict[Setting, dict] = {}
+    for s in settings:
+        full = Setting.of(s)
+        out.setdefault(full, full.to_dict())
+    return list(out.values())
