@@ -1,8 +1,8 @@
 """Simulator speed under the mlx-lm policy against chunked, on the same Poisson trace.
 
 Run: python benchmarks/bench_mlxlm.py [--requests N ...]. Prints figures; asserts nothing. The
-mlx-lm policy is priced call by call (no steady stretches: `policies.mlxlm.MlxLm.steady`), and
-follows two batch caches by sizes; the target is to stay within 2x of chunked's wall time.
+mlx-lm policy follows two batch caches by sizes and is priced call by call except in stretches of
+generation-only iterations (`sim.steady`); the target is to stay within 2x of chunked's wall time.
 """
 import argparse
 import gc
