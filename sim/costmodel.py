@@ -26,7 +26,6 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from sim.files import read_json_object
 
 PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
                 "plus r0 + r1*(L mod tile) when L is not a multiple of the tile; plus copy*written")
@@ -244,50 +243,10 @@ def _interpolator(points: np.ndarray):
         return lambda *xy: np.full(np.broadcast(*xy).shape, np.nan)
 
 
-REQUIRED = ("model", "device", "cost")
-
-
 def load_profile(path: str | Path) -> dict:
-    """Read and check a profile JSON; raise ProfileError with one line on any problem."""
-    prof = read_json_object(path, "profile", ProfileError)
-    for key in REQUIRED:
-        if key not in prof:
-            raise ProfileError(f"profile {path}: missing required field {key!r}")
-    cost = prof["cost"]
-    for key, sizes in (("prefill", (3, 4)), ("decode", (3, 4))):
-        section = cost.get(key) if isinstance(cost.get(key), dict) else {}
-        coef = section.get("coef")
-        if not (isinstance(coef, list) and len(coef) in sizes and all(_is_number(x) for x in coef)):
-            raise ProfileError(f"profile {path}: missing required field 'cost.{key}.coef' "
-                               f"({' or '.join(map(str, sizes))} numbers)")
-        dense = section.get("dense")
-        if dense is not None and not (
-                isinstance(dense, list) and dense and all(isinstance(p, list) and len(p) == 2
-                                                          and all(map(_is_number, p)) for p in dense)
-                and all(a[0] < b[0] for a, b in zip(dense, dense[1:]))):
-            raise ProfileError(f"profile {path}: 'cost.{key}.dense' must be [size, seconds] pairs, sizes increasing")
-    knot = cost["decode"].get("knot")
-    if len(cost["decode"]["coef"]) == 4 and not (_is_number(knot) and knot > 0):
-        raise ProfileError(f"profile {path}: 4 decode coefficients need 'cost.decode.knot', a positive context")
-    lone = cost["decode"].get("lone")
-    if lone is not None and not (_is_number(lone) and lone >= 0):
-        raise ProfileError(f"profile {path}: 'cost.decode.lone' must be a non-negative number")
-    for key in ("copy", "fresh"):
-        if not (_is_number(cost.get(key, 0.0)) and cost.get(key, 0.0) >= 0):
-            raise ProfileError(f"profile {path}: 'cost.{key}' must be a non-negative number (seconds per token-row)")
-    tile, rem = cost["prefill"].get("tile", 0), cost["prefill"].get("remainder", [0.0, 0.0])
-    if not (isinstance(tile, int) and not isinstance(tile, bool) and tile >= 0 and isinstance(rem, list)
-            and len(rem) == 2 and all(_is_number(x) and x >= 0 for x in rem)):
-        raise ProfileError(f"profile {path}: 'cost.prefill.tile' must be a whole number >= 0 and "
-                           "'cost.prefill.remainder' two non-negative numbers")
-    if "name" not in prof["model"]:
-        raise ProfileError(f"profile {path}: missing required field 'model.name'")
-    prof["_path"] = str(path)
-    return prof
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    """Read and check a profile JSON (`sim.profile_schema`); ProfileError with one line on any problem."""
+    from sim.profile_schema import read_profile
+    return read_profile(path)
 
 
 def cost_model(prof: dict) -> LinearCostModel | GridCostModel:

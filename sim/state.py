@@ -53,8 +53,10 @@ class EngineState:
     Policies read both (and `now`) and must not modify them.
     """
 
-    def __init__(self, trace: Trace, largest: int = 0):
-        """`largest`: the largest KV array the process allocated before this run (its warm-up)."""
+    def __init__(self, trace: Trace, largest: int = 0, log: EventLog | None = None):
+        """`largest`: the largest KV array the process allocated before this run (its warm-up);
+        `log`: where calls and tokens go (default a new `EventLog`; `sim.scored_log.ScoredLog`
+        tallies a long run instead of keeping it)."""
         self.trace = trace
         self.now = 0.0
         self.iteration = 0
@@ -63,7 +65,7 @@ class EngineState:
         self.kv = KVBuffers(largest=largest)  # the KV caches' buffers (and the batch cache's rows)
         self.finished = 0
         self.arrived = 0
-        self.log = EventLog()
+        self.log = EventLog() if log is None else log
         for r in trace.requests:
             self.log.requests[r.id] = RequestInfo(r.id, r.arrival, r.prompt_len, r.output_len, r.prefilled)
             self.log.tokens[r.id] = []
