@@ -6,8 +6,11 @@ are kept in `<report>.runs/`, so an interrupted confirm resumes where it stopped
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -23,14 +26,15 @@ from calibrate.replay import relogged
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.costmodel import CostModel, check_profile_matches, cost_model
 from sim.errors import UserError
-from sim.files import atomic_write_json, jsonable
+from sim.files import atomic_write_json, check_output, dumps, jsonable
 from sim.log import EventLog
 from sim.metric_registry import CONFIRMED
 from sim.metrics import score
 from sim.replay import simulate
 from sim.residuals import residual_table
+from sim.state import EngineError
 from sim.settings import setting, setting_label
-from traces.trace import Trace
+from traces.trace import Trace, load_jsonl
 
 
 def model_spec(prof: dict) -> dict:
@@ -40,8 +44,9 @@ def model_spec(prof: dict) -> dict:
 
 
 def check_inputs(prof: dict, trace: Trace, out: Path, host: dict, force: bool) -> None:
-    if out.exists():
+    if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists; not overwriting it (choose another report path)")
+    check_output(out, overwrite=True, what="report")  # a folder, a place under a file, a read-only folder
     for w in check_profile_matches(prof, device=host["id"], force=force):
         print(f"warning: {w}")
     limit = prof["model"].get("max_context")
@@ -66,13 +71,87 @@ def gate(prof: dict, trace: Trace, settings: list[dict]) -> dict:
             "ok": same and all(g["ok"] for g in logits)}
 
 
+RUNS_MANIFEST = "what.json"  # in `<report>.runs/`: the work its runs measure
+
+
+def runs_manifest(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup: int, cooldown: float) -> dict:
+    """What a confirm's runs measure: a resume must be of this same work, or nothing is reused."""
+    return {"pdsim_confirm_runs": 1, "trace_sha256": trace.sha256(), "settings": settings, "model": model_spec(prof),
+            "profile_sha256": profile_digest(prof),
+            "protocol": {"repeats": repeats, "warmup": warmup, "cooldown_s": cooldown}}
+
+
+def profile_digest(prof: dict) -> str:
+    return hashlib.sha256(dumps({k: v for k, v in prof.items() if k != "_path"}, sort_keys=True).encode()).hexdigest()
+
+
+class RunsFolder:
+    """`<report>.runs/`, where finished runs wait for an interrupted confirm to resume: locked while
+    a confirm uses it, and holding the manifest of the work its runs measure. A resume with other
+    inputs (another trace, settings, model, profile or protocol) is refused in one line naming
+    what differs, before anything runs: its runs would be reported as measurements of the new work."""
+
+    def __init__(self, folder: Path, manifest: dict) -> None:
+        self.folder, self.manifest = folder, json.loads(dumps(manifest))
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunsFolder":
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.folder / ".pdsim.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f"{self.folder}: cannot keep the runs there ({e.strerror or e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserError(f"{self.folder}: another pdsim confirm is running into it now; wait for it, "
+                            "or choose another -o") from None
+        self._fd = fd
+        try:
+            self._check()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _check(self) -> None:
+        path = self.folder / RUNS_MANIFEST
+        runs = sorted(self.folder.glob("r*.json"))
+        text = path.read_text() if path.is_file() else ""
+        if not text.strip():  # never written, or cut short as it was: only runs of no known work can be here
+            if runs:
+                raise UserError(f"{self.folder}: holds {len(runs)} run(s) but no record of what they measured "
+                                f"(an older pdsim, or a damaged {RUNS_MANIFEST}); delete the folder to measure afresh")
+            atomic_write_json(path, self.manifest, overwrite=True)
+            return
+        try:
+            have = json.loads(text)
+        except ValueError:
+            raise UserError(f"{path}: not JSON (damaged); delete {self.folder} to measure afresh") from None
+        if have != self.manifest:
+            keys = {"trace_sha256": "trace", "settings": "settings", "model": "model", "profile_sha256": "profile",
+                    "protocol": "protocol (repeats, warm-up, cool-down)"}
+            differ = [name for k, name in keys.items() if not isinstance(have, dict) or have.get(k) != self.manifest.get(k)]
+            raise UserError(f"{self.folder}: holds runs of other work (its {', '.join(differ) or 'record'} "
+                            "differ from this confirm's); delete it to measure afresh, or choose another -o")
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup: int, cooldown: float,
             runs_dir: Path) -> list[dict]:
-    """Every (setting, repeat) in its own process, alternating order; returns the runs in run order."""
+    """Every (setting, repeat) in its own process, alternating order; returns the runs in run order.
+    A run finished before an interrupt is reused: its file says it measured this trace and setting
+    (`RunsFolder` has already proven the folder holds runs of this work)."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     trace_path = runs_dir / "trace.jsonl"
-    if not trace_path.exists():
-        trace.save_jsonl(trace_path)
+    sha = trace.sha256()
+    if not trace_path.exists() or load_jsonl(trace_path).sha256() != sha:
+        trace.save_jsonl(trace_path, overwrite=True)
     order = []
     for r in range(repeats):
         seq = settings if r % 2 == 0 else list(reversed(settings))
@@ -81,7 +160,8 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
     for r, s in tqdm(order, desc="confirming", unit="run"):
         label = setting_label(s)
         out = runs_dir / f"r{r}-{label.replace('/', '_')}.json"
-        if not out.exists():
+        data = finished_run(out, s, sha)
+        if data is None:
             spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup}
             try:
                 run_fresh(spec, out)
@@ -89,9 +169,30 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
                 raise UserError(f"run {label} repeat {r} failed: {e}") from None
             if cooldown:
                 time.sleep(cooldown)
-        data = json.loads(out.read_text())
+            data = finished_run(out, s, sha)
+            if data is None:
+                raise UserError(f"run {label} repeat {r}: its worker wrote no readable result to {out}")
         runs.append({"label": label, "setting": s, "repeat": r, **data})
     return runs
+
+
+def finished_run(path: Path, setting: dict, sha: str) -> dict | None:
+    """The run saved at `path`, or None if there is none to reuse (never written, or empty or cut
+    short by an interrupted write: measured again). A run of another setting or trace is refused."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        print(f"note: {path} is empty or cut short (an interrupted write); measuring that run again")
+        return None
+    if not isinstance(data, dict) or "log" not in data:
+        print(f"note: {path} holds no run; measuring that run again")
+        return None
+    if data.get("setting") != json.loads(dumps(setting)) or data.get("trace_sha256", sha) != sha:
+        raise UserError(f"{path}: a run of another setting or trace than this confirm's; delete "
+                        f"{path.parent} to measure afresh")
+    return data
 
 
 def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], stall_ms: float = 100.0) -> list[dict]:
@@ -140,11 +241,18 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
             cooldown: float = 0.0, force: bool = False, stall_ms: float = 100.0) -> dict:
     host = host_info()
     check_inputs(prof, trace, out, host, force)
+    runs_dir = out.with_name(out.name + ".runs")
+    with RunsFolder(runs_dir, runs_manifest(prof, trace, settings, repeats, warmup, cooldown)):  # before any work
+        return _confirm(prof, trace, settings, out, repeats, warmup, cooldown, stall_ms, host, runs_dir)
+
+
+def _confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: int, warmup: int, cooldown: float,
+             stall_ms: float, host: dict, runs_dir: Path) -> dict:
     t0 = time.perf_counter()
     g = gate(prof, trace, settings)
     if not g["ok"]:
         raise UserError(f"correctness gate failed: {json.dumps(g)}")
-    runs = run_all(prof, trace, settings, repeats, warmup, cooldown, out.with_name(out.name + ".runs"))
+    runs = run_all(prof, trace, settings, repeats, warmup, cooldown, runs_dir)
     results = compare(prof, trace, settings, runs, stall_ms)
     first = {}
     for r in runs:  # every run of every setting must produce the same greedy tokens
@@ -168,6 +276,28 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
     return report
 
 
+def check_report(doc: dict, where: str) -> None:
+    """A confirm report as `rescore` reads it (a profile or a sweep given instead is named as such)."""
+    if "pdsim_confirm" not in doc:
+        kind = ("a profile" if "cost" in doc and "model" in doc else "a sweep's results" if "pdsim_sweep" in doc
+                else "not a confirm report")
+        raise UserError(f"{where}: {kind}, not a confirm report (no 'pdsim_confirm'); --rescore takes the report "
+                        "`pdsim confirm -o` wrote")
+    trace = doc.get("trace")
+    if not (isinstance(trace, dict) and isinstance(trace.get("requests"), list) and isinstance(trace.get("meta"), dict)
+            and isinstance(trace.get("sha256"), str)):
+        raise UserError(f"{where}: its 'trace' must hold 'requests', 'meta' and 'sha256'")
+    if not isinstance(doc.get("settings"), list) or not all(isinstance(x, dict) for x in doc["settings"]):
+        raise UserError(f"{where}: its 'settings' must be a list of settings")
+    runs = doc.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise UserError(f"{where}: no 'runs' to rescore")
+    for i, r in enumerate(runs):
+        if not isinstance(r, dict) or not all(k in r for k in ("setting", "log", "repeat")) \
+                or not isinstance(r["setting"], dict) or not isinstance(r["log"], dict):
+            raise UserError(f"{where}: runs[{i}] must hold its 'setting', 'repeat' and 'log'")
+
+
 def profile_summary(prof: dict) -> dict:
     cost = {k: v for k, v in prof["cost"].items() if k not in ("prefill", "decode")}
     cost |= {k: {f: v for f, v in prof["cost"][k].items() if f in ("form", "coef", "knot", "lone")}
@@ -180,14 +310,20 @@ def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source
 
     The new report keeps every measurement and says which report and profile it came from.
     """
-    if out.exists():
+    if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists; not overwriting it (choose another report path)")
-    trace = Trace.from_dicts(report["trace"]["requests"], report["trace"]["meta"])
+    check_output(out, overwrite=True, inputs=[source], what="report")
+    where = source or "the report"
+    check_report(report, where)
+    trace = Trace.from_dicts(report["trace"]["requests"], report["trace"]["meta"], source=f"{where} trace")
     if trace.sha256() != report["trace"]["sha256"]:
-        raise UserError("the report's trace does not match its SHA-256; refusing to rescore it")
-    runs = [dict(r, label=setting_label(r["setting"])) for r in report["runs"]]  # labels by today's rules
-    settings = [setting(s) for s in report["settings"]]
-    new = dict(report, profile=profile_summary(prof), rescored_from=source, runs=runs,
-               results=compare(prof, trace, settings, runs, stall_ms))
+        raise UserError(f"{where}: the report's trace does not match its SHA-256; refusing to rescore it")
+    try:
+        runs = [dict(r, label=setting_label(r["setting"])) for r in report["runs"]]  # labels by today's rules
+        settings = [setting(s) for s in report["settings"]]
+        results = compare(prof, trace, settings, runs, stall_ms)
+    except (KeyError, TypeError, ValueError, IndexError, EngineError) as e:  # a damaged run in a well-formed report
+        raise UserError(f"{where}: its runs cannot be replayed ({type(e).__name__}: {e})") from None
+    new = dict(report, profile=profile_summary(prof), rescored_from=source, runs=runs, results=results)
     atomic_write_json(out, new)
     return new

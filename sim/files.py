@@ -63,7 +63,7 @@ def check_output(path: str | Path, overwrite: bool = False, inputs: Iterable[str
         for inp in inputs:
             if inp is not None and Path(inp).exists() and _same(path, Path(inp)):
                 raise OutputError(f"{what} {path}: is also an input of this command; write the result elsewhere")
-    base = _nearest_existing(path.parent if not path.exists() else path)
+    base = path if folder and path.is_dir() else _nearest_existing(path.parent)
     if not base.is_dir():
         raise OutputError(f"{what} {path}: cannot be created, {base} is a file, not a folder")
     if not os.access(base, os.W_OK | os.X_OK):

@@ -100,11 +100,12 @@ def loads(text: str):
     except JSONInputError:
         raise
     except json.JSONDecodeError as e:
-        raise JSONInputError(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        where = f"line {e.lineno} column {e.colno}" if "\n" in text.rstrip() else f"column {e.colno}"
+        raise JSONInputError(f"not JSON ({e.msg} at {where})") from None
     except RecursionError:
         raise JSONInputError(f"JSON nested too deeply (more than {MAX_DEPTH} levels)") from None
     except ValueError as e:  # e.g. an integer with more digits than Python converts
-        raise JSONInputError(f"not valid JSON ({e})") from None
+        raise JSONInputError(f"not JSON ({e})") from None
     if depth(obj) > MAX_DEPTH:
         raise JSONInputError(f"JSON nested too deeply (more than {MAX_DEPTH} levels)")
     return obj

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.errors import InputError
 from sim.files import ExistsError, OutputError, dumps, new_file_mode
 from sim.log import Call, EventLog, RequestInfo
 from sim.tally import RequestFigures, RequestTable
@@ -163,7 +164,7 @@ def write_log(path: str | Path, log: EventLog, meta: dict, overwrite: bool = Fal
         raise
 
 
-class LogFileError(ValueError):
+class LogFileError(InputError):
     """A file that is not a pdsim log file; the message names it."""
 
 

@@ -22,11 +22,17 @@ def test_simulate_prints_table_and_writes_json(tmp_path, capsys):
     assert "ILLUSTRATIVE" in text and "decode_gap_p95_ms" in text
     data = json.loads(out.read_text())
     assert data["metrics"]["completed"] == 8 and data["metrics"]["total_output_tokens"] == 256
-    assert len(data["log"]["tokens"]) == 8
+    assert "log" not in data and data["log_file"] is None  # the event log only when asked, in its own file
     # never overwritten unless asked
     assert main(["simulate", "--json-out", str(out)]) == 2
     assert "exists" in capsys.readouterr().err
     assert main(["simulate", "--json-out", str(out), "--overwrite"]) == 0
+    log = tmp_path / "run.npz"
+    assert main(["simulate", "--json-out", str(out), "--overwrite", "--log-out", str(log)]) == 0
+    from sim.logfile import read_log
+    meta, events = read_log(log)
+    assert len(events.tokens) == 8 and sum(map(len, events.tokens.values())) == 256
+    assert json.loads(out.read_text())["log_file"] == str(log) and meta["metrics"]["completed"] == 8
 
 
 def test_smaller_budgets_cut_the_max_gap_and_cost_throughput(capsys):

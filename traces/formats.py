@@ -455,13 +455,13 @@ def read(path: str | Path, fmt: str, start: float = 0.0, end: float | None = Non
 def _guarded(records: Iterator[Record], r: Reading) -> Iterator[Record]:
     """A reader's records; a row the csv module cannot read (a field over its 128 KiB limit, a NUL
     byte) or bytes that are not UTF-8 become one line naming the file and where."""
-    line = 0
+    line = 1  # the header
     try:
         for rec in records:
             line = rec[0]
             yield rec
-    except csv.Error as e:
-        raise TraceError(f"{r.path} after line {line}: not a readable CSV row ({e})") from None
+    except csv.Error as e:  # the row after the last one read
+        raise TraceError(f"{r.path} line {line + 1}: not a readable CSV row ({e})") from None
     except UnicodeDecodeError as e:
         raise not_text(r.path, "trace", e, TraceError, line + 1) from None
 

@@ -117,5 +117,7 @@ def _show(value) -> str:
         return f"a JSON {'object' if isinstance(value, dict) else 'list'}"
     if value is None:
         return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as JSON writes it
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sim.commands.common import whole
+
 NEEDS_MLX = True
 
 # Defaults per device kind: the tiny-llm seed's trace, scaled down on a CPU so a tune fits in
@@ -37,7 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--recalibrate", action="store_true", help="calibrate again even if a cached profile exists")
     p.add_argument("--slo", nargs="+", metavar="CONSTRAINT",
                    help="pick constraints (default: decode_gap_p95_ms <= 2x a full-batch decode step)")
-    p.add_argument("--repeats", type=int, default=3, help="confirm runs per setting (default 3: a median that one noisy run cannot move)")
+    p.add_argument("--repeats", type=whole(1, 1000), default=3, help="confirm runs per setting (default 3: a median that one noisy run cannot move)")
     p.add_argument("-o", "--out", help="output folder (default runs/tune-MODEL-DEVICE)")
     p.add_argument("--overwrite", action="store_true", help="reuse an existing output folder's name")
 
