@@ -34,12 +34,14 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     need = grid.max_context()
     if need > lm.max_context:
         raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
+    loads = workloads(max(grid.batches), max(grid.chunks), lm.vocab_size)
+    # what the partial file's measurements are of: a resume of other work is refused (calibrate.journal)
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
-              "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine"}
+              "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine",
+              "workloads": {part: [[w.name, w.trace.sha256(), w.setting] for w in ws] for part, ws in loads.items()}}
     partial = out.with_name(out.name + ".partial.jsonl")
     with Journal(partial, header) as journal:
-        runs = EngineRuns(lm, workloads(max(grid.batches), max(grid.chunks) + max(grid.chunks) // 4, lm.vocab_size),
-                          journal, progress)
+        runs = EngineRuns(lm, loads, journal, progress)
         after = runs.schedule(grid.repeats)
         samples = run_grid(lm, grid, journal, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
         engine = runs.records()

@@ -74,8 +74,11 @@ def key_of(p: dict) -> str:
 
 # A chunk from offset 250 grows the buffer past its 256-token step; the engine runs time growth
 # and copies on the executor's own path besides (`calibrate.replay`).
-QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256], offsets=[0, 250, 700], batches=list(range(1, 9)),
-             contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900]],
+# Decodes: batches 1, 2, 4 and 8 at three contexts, and every other batch size in range at one
+# context each (dense(batch) needs one point per size; the attention slope is shared).
+QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
+             contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],
+                                              [777] * 3, [100] * 5, [333] * 6, [555] * 7],
              repeats=4, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777])
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 250, 262, 1024, 2048],
             batches=list(range(1, 17)), contexts=[64, 256, 1024, 2048],
