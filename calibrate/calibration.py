@@ -20,6 +20,7 @@ from sim.state import EngineError
 from traces.trace import Trace
 from sim.errors import UserError
 from sim.files import atomic_write_json, read_json_object
+from sim.outdir import file_sha256
 
 
 def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", quant_bits: int | None = None,
@@ -136,21 +137,22 @@ def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[s
     if not prof.get("samples") or "grid" not in prof:
         raise UserError(f"profile {source} has no measured samples to add rounds to")
     refuse_existing(out, overwrite)
-    here = host_info()["id"]
-    if prof["device"].get("id") != here:
-        raise UserError(f"profile {source} was measured on {prof['device'].get('id')!r}, this is {here!r}: "
-                        "rounds from two devices do not mix")
     untimed = [i for i, s in enumerate(prof["samples"]) if "key" in s and "times" not in s]
     if untimed or not any("times" in s for s in prof["samples"]):
         where = f"samples[{untimed[0]}] has a key but no 'times'" if untimed else "no sample has its 'times'"
         raise UserError(f"profile {source}: {where}; rounds can only be added to a calibration that kept each "
                         "round's timing")
+    here = host_info()["id"]
+    if prof["device"].get("id") != here:
+        raise UserError(f"profile {source} was measured on {prof['device'].get('id')!r}, this is {here!r}: "
+                        "rounds from two devices do not mix")
     lm = build_as_profiled(prof["model"])
     grid = Grid(**prof["grid"])
     first = max(len(s["times"]) for s in prof["samples"] if "times" in s)
     n = rounds or grid.repeats
     keys = {s["key"] for s in prof["samples"] if "key" in s and (not steps or s["step"] in steps)}
-    header = {"add_to": str(source), "created": prof.get("created"), "rounds": [first, first + n],
+    header = {"add_to": str(source), "created": prof.get("created"), "profile_sha256": file_sha256(source),
+              "rounds": [first, first + n],
               "keys": sorted(keys), "seed": seed, "layout": "rounds"}
     partial = out.with_name(out.name + ".partial.jsonl")
     more = run_grid(lm, grid, partial, header, seed=seed, progress=progress, rounds=range(first, first + n), keys=keys)

@@ -59,14 +59,19 @@ def _kind(x) -> str:
         type(x), "a number")
 
 
+MAX_NUMBER = 1e12  # past this a cost (30,000 years) or a size is a corrupt field; sums of such overflow to inf
+
+
 def _cost(w: _Where, v, field: str, lo: float = 0.0) -> float:
-    """A finite number >= lo (seconds, or seconds per unit)."""
+    """A finite number in [lo, MAX_NUMBER] (seconds, or seconds per unit, or a size)."""
     if not _is_number(v):
         raise w.fail(field, f"must be a number, got {_kind(v)}")
     if not math.isfinite(v):
         raise w.fail(field, f"must be a finite number, got {v}")
     if v < lo:
         raise w.fail(field, f"is {v}: a cost must be >= {lo:g} (a call never takes less than no time)")
+    if v > MAX_NUMBER:
+        raise w.fail(field, f"is {v:g}: larger than any cost or size a profile holds (at most {MAX_NUMBER:g})")
     return v
 
 
