@@ -10,8 +10,10 @@ import argparse
 from pathlib import Path
 
 from sim.commands.common import whole
+from sim.outdir import OutputFolder
 
 NEEDS_MLX = True
+TUNE_NAMES = ("trace.jsonl", "sweep", "confirm.json", "confirm.json.runs", "report")  # what a tune owns in -o
 
 # Defaults per device kind: the tiny-llm seed's trace, scaled down on a CPU so a tune fits in
 # minutes (prompt lengths, outputs and budgets / 4, the same 8 requests at t=0 and batch size 4).
@@ -46,33 +48,43 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import shutil
-    import time
 
-    from calibrate.calibration import calibrate
-    from calibrate.confirm import confirm
-    from calibrate.grid import GRIDS
     from calibrate.host import host_info
     from calibrate.model import QWEN3_CONFIGS
-    from calibrate.profile_paths import default_profile_path
-    from sim.commands import calibrate_cmd, confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
-    from sim.costmodel import ProfileError, check_profile_matches, cost_model, load_profile
     from sim.errors import UserError
-    from sim.pick import Objective
-    from sim.report import make_report
-    from sim.settings import grid_settings, setting
-    from sim.sweep_results import SweepPlan
-    from traces.generators import tinyllm
 
     if args.model not in QWEN3_CONFIGS:
         raise UserError(f"unknown model {args.model!r}; known: {', '.join(QWEN3_CONFIGS)}")
     host = host_info()
     preset = PRESETS[host["kind"]]
     out = Path(args.out or f"runs/tune-{args.model}-{host['kind']}")
-    if out.exists():
-        if not args.overwrite:
-            raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or -o another folder)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    if out.exists() and not args.overwrite:
+        raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or -o another folder)")
+    with OutputFolder(out, TUNE_NAMES, args.overwrite, "tune output folder"):  # locked; checked before any work
+        for name in TUNE_NAMES:  # --overwrite removes what an earlier tune wrote, and nothing else
+            old = out / name
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            elif old.exists() or old.is_symlink():
+                old.unlink()
+        return _run(args, out, host, preset)
+
+
+def _run(args: argparse.Namespace, out: Path, host: dict, preset: dict) -> int:
+    import time
+
+    from calibrate.calibration import calibrate
+    from calibrate.confirm import confirm
+    from calibrate.grid import GRIDS
+    from calibrate.profile_paths import default_profile_path
+    from sim.commands import calibrate_cmd, confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
+    from sim.costmodel import ProfileError, check_profile_matches, cost_model, load_profile
+    from sim.pick import Objective
+    from sim.report import make_report
+    from sim.settings import grid_settings, setting
+    from sim.sweep_results import SweepPlan
+    from traces.generators import tinyllm
+
     print(f"pdsim tune: {args.model} on {host['name']} (BLAS: {host['blas']}); output in {out}/")
     print(f"model: {args.model}" + (" — the smallest official Qwen3, so the whole loop fits in minutes on "
                                     "this device" if args.model == "qwen3-0.6b" else ""))
