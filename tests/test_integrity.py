@@ -304,3 +304,13 @@ def test_ctrl_c_while_the_commands_are_imported_is_exit_130(monkeypatch, capsys)
     monkeypatch.setattr(importlib, "import_module", interrupted)
     assert main(["simulate"]) == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_a_report_refuses_a_sweep_folder_whose_files_do_not_belong_together(tmp_path, capsys):
+    from sim.report.inputs import ReportError, load_sweep
+    out = tmp_path / "sw"
+    assert main(SWEEP + ["--budget", "32", "64", "-o", str(out), "--logs", "1"]) == 0
+    load_sweep(out)
+    (out / "results.csv").write_text((out / "results.csv").read_text().replace("32", "33"))  # another sweep's
+    with pytest.raises(ReportError, match="results.csv does not belong to its results.json"):
+        load_sweep(out)
