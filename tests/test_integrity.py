@@ -37,7 +37,7 @@ def pdsim(*args, **kw):
 # ---- a resumed confirm or calibration proves it resumes the same work --------------------------
 
 def _manifest(trace, settings=None, repeats=2, warmup=1, cooldown=0.0, prof=None):
-    from calibrate.confirm import runs_manifest
+    from calibrate.confirm_runs import runs_manifest
     settings = settings or [{"policy": "chunked", "budget": 32, "batch_size": 2, "decode": "batched",
                              "order": "chunk-first"}]
     return runs_manifest(prof or load_profile(BUILTIN), trace, settings, repeats, warmup, cooldown)
@@ -45,7 +45,7 @@ def _manifest(trace, settings=None, repeats=2, warmup=1, cooldown=0.0, prof=None
 
 def test_a_confirm_resume_with_other_inputs_is_refused(tmp_path):
     """The issue's case: interrupted after 2 runs on an 8-request trace, resumed with 4 requests."""
-    from calibrate.confirm import RunsFolder
+    from calibrate.confirm_runs import RunsFolder
     runs = tmp_path / "conf.json.runs"
     old = tinyllm(num_seqs=8)
     with RunsFolder(runs, _manifest(old)):
@@ -65,7 +65,7 @@ def test_a_confirm_resume_with_other_inputs_is_refused(tmp_path):
 
 
 def test_runs_without_a_record_of_their_work_are_not_reused(tmp_path):
-    from calibrate.confirm import RunsFolder
+    from calibrate.confirm_runs import RunsFolder
     runs = tmp_path / "conf.json.runs"
     runs.mkdir()
     (runs / "r0-0.json").write_text("{}")  # runs an older pdsim left, with no manifest
@@ -75,7 +75,7 @@ def test_runs_without_a_record_of_their_work_are_not_reused(tmp_path):
 
 
 def test_a_run_file_of_another_setting_is_refused_and_a_torn_one_measured_again(tmp_path, capsys):
-    from calibrate.confirm import finished_run
+    from calibrate.confirm_runs import finished_run
     s = {"policy": "chunked", "budget": 32}
     path = tmp_path / "r0.json"
     path.write_text(json.dumps({"log": {}, "setting": {"policy": "chunked", "budget": 64}, "trace_sha256": "x"}))
@@ -88,7 +88,7 @@ def test_a_run_file_of_another_setting_is_refused_and_a_torn_one_measured_again(
 
 
 def test_two_confirms_cannot_share_a_runs_folder(tmp_path):
-    from calibrate.confirm import RunsFolder
+    from calibrate.confirm_runs import RunsFolder
     m = _manifest(tinyllm(num_seqs=8))
     with RunsFolder(tmp_path / "r", m):
         with pytest.raises(UserError, match="another pdsim confirm"):
