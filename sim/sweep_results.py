@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim import metric_registry as registry
-from sim.files import ExistsError, atomic_write_json, atomic_write_text, jsonable
+from sim.files import atomic_write_json, atomic_write_text, jsonable
 from sim.log import EventLog
 from sim.outdir import file_sha256
 from sim.metrics import Slo, parse_slo
@@ -80,13 +80,6 @@ def run_plan(plan: SweepPlan, workers: int | None = None, scheduler=None, progre
 
 
 RESULT_NAMES = RESULTS + ("logs",)  # what a sweep owns in its folder
-
-
-def refuse_existing(out: Path, overwrite: bool) -> None:
-    if not overwrite:
-        for name in RESULTS:
-            if (out / name).exists():
-                raise ExistsError(f"{out / name} exists; not overwriting it (pass --overwrite, or another -o)")
 
 
 def log_points(result: SweepResult, n: int) -> list[tuple[int, Point]]:
