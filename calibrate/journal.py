@@ -60,10 +60,7 @@ class Journal:
         size = os.fstat(fd).st_size
         data = os.pread(fd, size, 0) if size else b""
         end = data.rfind(b"\n") + 1  # bytes after the last newline: a line torn by a crash
-        if end < len(data):
-            os.ftruncate(fd, end)
-            data = data[:end]
-        lines = data.split(b"\n")[:-1]
+        lines = data[:end].split(b"\n")[:-1]
         if not lines:  # new, empty, or only a torn header: nothing was measured into it
             os.ftruncate(fd, 0)
             self._write(self.header)
@@ -78,6 +75,8 @@ class Journal:
                 if isinstance(head, dict) else ["the header"]
             raise UserError(f"{self.path}: partial results of a different {self.what} ({', '.join(keys)} differ); "
                             "delete it to start over, or write the profile elsewhere with -o")
+        if end < len(data):  # the work is this one's: cut the torn line, so the next record starts a line
+            os.ftruncate(fd, end)
         for line in lines[1:]:
             record = _record(line)
             if record is not None:

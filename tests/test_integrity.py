@@ -314,3 +314,14 @@ def test_a_report_refuses_a_sweep_folder_whose_files_do_not_belong_together(tmp_
     (out / "results.csv").write_text((out / "results.csv").read_text().replace("32", "33"))  # another sweep's
     with pytest.raises(ReportError, match="results.csv does not belong to its results.json"):
         load_sweep(out)
+
+
+def test_a_refused_partial_is_left_as_it_was(tmp_path):
+    from calibrate.journal import Journal
+    path = tmp_path / "p.partial.jsonl"
+    path.write_text('{"model": "other"}\n{"key": "a", "round": 0}\n{"key": "b", "ro')
+    before = path.read_bytes()
+    with pytest.raises(UserError, match="different calibration"):
+        with Journal(path, {"model": "m"}):
+            pass
+    assert path.read_bytes() == before
