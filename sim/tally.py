@@ -89,8 +89,12 @@ class Tally:
         self.tokens = self.completed = self.input_tokens = self.good = 0
         self.last_token = -math.inf
         self.calls, self.busy = 0, 0.0
-        self._finish: list[float] = []  # last emission of every request done, in the order done
+        # last emission of every request done and not yet behind every judged gap, in the order done;
+        # those behind are only counted (`_judge`): the list does not grow with the run
+        self._finish: list[float] = []
         self._finish_sorted = True
+        self._finished_before = 0  # requests done at or before the latest judged gap's start
+        self._emitted_any = False
         self._lat: dict[str, list[float]] = {"ttft": [], "tpot": [], "e2el": []}
         self._ends: list[float] = []  # decode ends whose gaps are not judged yet (`_judge`)
         self._its: list[int] = []
@@ -108,6 +112,7 @@ class Tally:
             if self._finish and last < self._finish[-1]:
                 self._finish_sorted = False
             self._finish.append(last)
+            self._emitted_any = True
             self.last_token = max(self.last_token, last)
         if n >= 2:
             gaps = np.diff(t)
@@ -186,9 +191,15 @@ class Tally:
             if not self._finish_sorted:
                 finish.sort()
             p = prev[:m]
-            busy = np.searchsorted(self.arrivals, p, "right") > np.searchsorted(finish, p, "right")
+            done = self._finished_before + np.searchsorted(finish, p, "right")
+            busy = np.searchsorted(self.arrivals, p, "right") > done
             ok = (np.diff(its[:m + 1]) <= 1) & busy
             self.gaps.add(((ends[1:m + 1] - p) * 1e3)[ok])
+            # every later gap starts at or after p[-1] (calls come in time order): a request done by
+            # then is done for all of them, and needs counting only
+            behind = int(np.searchsorted(finish, p[-1], "right"))
+            self._finished_before += behind
+            self._finish, self._finish_sorted = finish[behind:].tolist(), True
         self._ends, self._its = ends[m:].tolist(), its[m:].tolist()
 
     def _flush_latencies(self) -> None:
@@ -217,7 +228,7 @@ class Tally:
         for name in ("ttft", "tpot", "e2el"):
             _stats(getattr(self, name), name, m)
         first = float(self.table.arrival.min()) if len(self.table) else math.nan
-        makespan = self.last_token - first if self._finish else math.nan
+        makespan = self.last_token - first if self._emitted_any else math.nan
         per_s = (lambda n: n / makespan) if makespan > 0 else (lambda n: math.nan)
         out_tokens = self.tokens - int(self.table.prefilled.sum())  # a prefilled request's first token came before the clock
         m["makespan_s"] = makespan

@@ -114,3 +114,20 @@ def test_a_log_written_as_the_run_goes_is_the_runs_log(tmp_path):
     writer.close({"metrics": tally.result()}, tally.rows)
     _, back = read_log(tmp_path / "run.npz")
     assert back.to_dict() == simulate(trace, policies.make(**setting), COST).to_dict()
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "/".join(map(str, s.values())))
+def test_gaps_judged_in_small_batches_are_tiny_llms_gaps(setting, monkeypatch):
+    """Decode gaps are judged a buffer at a time, and requests done behind every judged gap are only
+    counted: with a buffer of 5 calls the gaps are still exactly `sim.metrics.decode_gaps` of the log."""
+    import sim.tally
+    from sim.metrics import decode_gaps
+    trace = poisson(num_requests=120, rate=6.0, seed=4)
+    log = simulate(trace, policies.make(**setting), COST)
+    want = np.sort(decode_gaps(log) * 1e3)
+    monkeypatch.setattr(sim.tally, "FLUSH", 5)
+    tally = simulate_scored(trace, policies.make(**setting), COST)
+    got = tally.result()
+    assert np.array_equal(np.sort(tally.gaps.values()), want)
+    assert got["decode_gap_max_ms"] == want.max()
+    assert len(tally._finish) < 20  # not one entry per request done
