@@ -1,7 +1,6 @@
 """Calibration end to end: build the model, time the grid, fit, write the profile."""
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from itertools import zip_longest
@@ -12,13 +11,16 @@ from calibrate.fit import HELD_OUT, fit_profile
 from calibrate.grid import Grid
 from calibrate.host import host_info
 from calibrate.model import LoadedModel, build_as_profiled, build_model
+from calibrate.journal import Journal
 from calibrate.profiler import merge, run_grid
 from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
 from sim.costmodel import load_profile
 from sim.log import EventLog
+from sim.state import EngineError
 from traces.trace import Trace
 from sim.errors import UserError
 from sim.files import atomic_write_json, read_json_object
+from sim.outdir import file_sha256
 
 
 def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", quant_bits: int | None = None,
@@ -26,20 +28,24 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     host = host_info()
     out = out or default_profile_path(model, host["kind"])
     refuse_existing(out, overwrite)
+    check_grid(grid, model)
     t0 = time.perf_counter()
     lm = build_model(model, dtype=dtype, quant_bits=quant_bits, weights=weights)
     build_s = time.perf_counter() - t0
     need = grid.max_context()
     if need > lm.max_context:
         raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
+    loads = workloads(max(grid.batches), max(grid.chunks), lm.vocab_size)
+    # what the partial file's measurements are of: a resume of other work is refused (calibrate.journal)
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
-              "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine"}
+              "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine",
+              "workloads": {part: [[w.name, w.trace.sha256(), w.setting] for w in ws] for part, ws in loads.items()}}
     partial = out.with_name(out.name + ".partial.jsonl")
-    runs = EngineRuns(lm, workloads(max(grid.batches), max(grid.chunks), lm.vocab_size),
-                      partial, progress)
-    after = runs.schedule(grid.repeats)
-    samples = run_grid(lm, grid, partial, header, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
-    engine = runs.records()
+    with Journal(partial, header) as journal:
+        runs = EngineRuns(lm, loads, journal, progress)
+        after = runs.schedule(grid.repeats)
+        samples = run_grid(lm, grid, journal, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
+        engine = runs.records()
     samples += engine_samples(engine)
     fitted = fit_profile(samples, seed=seed)
     fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
@@ -70,8 +76,8 @@ class EngineRuns:
     see another machine than the grid did. A finished run's log is kept in the partial file, so
     an interrupted calibration does not run it again."""
 
-    def __init__(self, lm: LoadedModel, loads: dict[str, list[Workload]], partial: Path, progress: bool = True):
-        self.loads, self.partial, self.progress = loads, partial, progress
+    def __init__(self, lm: LoadedModel, loads: dict[str, list[Workload]], journal: Journal, progress: bool = True):
+        self.loads, self.journal, self.partial, self.progress = loads, journal, journal.path, progress
         self.model = {"name": lm.name, "dtype": lm.dtype, "quant_bits": lm.quant_bits, "weights": lm.source}
         self.done: dict[str, EventLog] = {}
 
@@ -85,11 +91,9 @@ class EngineRuns:
         self._read()
         todo = [w for w in loads if w.name not in self.done]
         folder = self.partial.with_name(self.partial.name + ".runs")
-        with open(self.partial, "a") as f:
-            for w, log in zip(todo, run_workloads(self.model, todo, folder, self.progress)):  # each saved as it ends
-                self.done[w.name] = log
-                f.write(json.dumps({"workload": w.name, "log": log}) + "\n")
-                f.flush()
+        for w, log in zip(todo, run_workloads(self.model, todo, folder, self.progress)):  # each saved as it ends
+            self.done[w.name] = log
+            self.journal.append({"workload": w.name, "log": log})
 
     def records(self) -> list[dict]:
         """Every workload's run (running any not run yet): its part (train, held_out), setting,
@@ -100,12 +104,13 @@ class EngineRuns:
                  "log": self.done[w.name]} for part, ws in self.loads.items() for w in ws]
 
     def _read(self) -> None:
-        for line in self.partial.read_text().splitlines()[1:]:
+        for row in self.journal.records:
+            if "workload" not in row:
+                continue  # the grid's timings
             try:
-                row = json.loads(line)
                 EventLog.from_dict(row["log"])  # a whole log, or skip it
                 self.done.setdefault(row["workload"], row["log"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):  # grid lines, or one cut short
+            except (KeyError, TypeError, ValueError):
                 continue
 
 
@@ -114,8 +119,9 @@ def refit(source: Path, out: Path, seed: int = 0, overwrite: bool = False) -> di
     prof = load_profile(source)
     if "samples" not in prof:
         raise UserError(f"profile {source} has no samples to fit (the built-in illustrative one has none)")
+    new = refitted(prof, prof["samples"], seed)
     prof.pop("_path")
-    prof.update(refitted(prof, prof["samples"], seed), refit_of=str(source), created=stamp())
+    prof.update(new, refit_of=str(source), created=stamp())
     atomic_write_json(out, prof, overwrite=overwrite)
     prof["_path"] = str(out)
     return prof
@@ -131,6 +137,11 @@ def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[s
     if not prof.get("samples") or "grid" not in prof:
         raise UserError(f"profile {source} has no measured samples to add rounds to")
     refuse_existing(out, overwrite)
+    untimed = [i for i, s in enumerate(prof["samples"]) if "key" in s and "times" not in s]
+    if untimed or not any("times" in s for s in prof["samples"]):
+        where = f"samples[{untimed[0]}] has a key but no 'times'" if untimed else "no sample has its 'times'"
+        raise UserError(f"profile {source}: {where}; rounds can only be added to a calibration that kept each "
+                        "round's timing")
     here = host_info()["id"]
     if prof["device"].get("id") != here:
         raise UserError(f"profile {source} was measured on {prof['device'].get('id')!r}, this is {here!r}: "
@@ -140,7 +151,8 @@ def add_rounds(source: Path, out: Path, rounds: int | None = None, steps: list[s
     first = max(len(s["times"]) for s in prof["samples"] if "times" in s)
     n = rounds or grid.repeats
     keys = {s["key"] for s in prof["samples"] if "key" in s and (not steps or s["step"] in steps)}
-    header = {"add_to": str(source), "created": prof.get("created"), "rounds": [first, first + n],
+    header = {"add_to": str(source), "created": prof.get("created"), "profile_sha256": file_sha256(source),
+              "rounds": [first, first + n],
               "keys": sorted(keys), "seed": seed, "layout": "rounds"}
     partial = out.with_name(out.name + ".partial.jsonl")
     more = run_grid(lm, grid, partial, header, seed=seed, progress=progress, rounds=range(first, first + n), keys=keys)
@@ -208,7 +220,12 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
         return refit_mlx_lm(prof, seed)
     if prof.get("engine_runs"):  # in the order calibrate writes them: grid, engine runs, then any others
         engine = lambda s: s.get("source", "").startswith(("engine:", HELD_OUT))
-        samples = ([s for s in samples if "source" not in s] + engine_samples(prof["engine_runs"])
+        try:
+            derived = engine_samples(prof["engine_runs"])
+        except (KeyError, TypeError, ValueError, IndexError, EngineError) as e:  # a damaged run (schema-valid)
+            raise UserError(f"profile {prof.get('_path') or prof.get('refit_of') or ''}: its engine_runs cannot be "
+                            f"replayed ({type(e).__name__}: {e})") from None
+        samples = ([s for s in samples if "source" not in s] + derived
                    + [s for s in samples if "source" in s and not engine(s)])
         prof["samples"] = samples
     new = fit_profile(samples, seed=seed)
@@ -216,6 +233,17 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
     if "replay" in new["fit"] and "between_calls_share" in old:
         new["fit"]["replay"]["between_calls_share"] = old["between_calls_share"]
     return new
+
+
+def check_grid(grid: Grid, model: str) -> None:
+    """Before building anything: a grid the fit can use, within the model's context."""
+    from calibrate.model import QWEN3_CONFIGS
+    for name in ("chunks", "offsets", "batches", "contexts"):
+        if not getattr(grid, name):
+            raise UserError(f"the grid has no {name}")
+    limit = QWEN3_CONFIGS.get(model, {}).get("max_position_embeddings")
+    if limit and grid.max_context() > limit:
+        raise UserError(f"grid needs a context of {grid.max_context()} tokens; {model} allows {limit}")
 
 
 def refuse_existing(out: Path, overwrite: bool) -> None:

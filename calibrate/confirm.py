@@ -23,23 +23,19 @@ from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
 from calibrate.replay import relogged
+from calibrate.confirm_runs import RunsFolder, finished_run, model_spec, runs_manifest
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.costmodel import CostModel, check_profile_matches, cost_model
 from sim.errors import UserError
-from sim.files import atomic_write_json, jsonable
+from sim.files import atomic_write_json, check_output, jsonable
 from sim.log import EventLog
 from sim.metric_registry import CONFIRMED
 from sim.metrics import score
 from sim.replay import simulate
 from sim.residuals import residual_table
+from sim.state import EngineError
 from sim.settings import setting, setting_label
-from traces.trace import Trace
-
-
-def model_spec(prof: dict) -> dict:
-    m = prof["model"]
-    return {"name": m["name"], "dtype": m.get("dtype", "float32"), "quant_bits": m.get("quant_bits"),
-            "weights": m.get("weights")}
+from traces.trace import Trace, load_jsonl
 
 
 ENGINES = ("pdsim", "mlx-lm")
@@ -48,8 +44,9 @@ ENGINES = ("pdsim", "mlx-lm")
 def check_inputs(prof: dict, trace: Trace, out: Path, host: dict, force: bool, settings: list[dict] = (),
                  engine: str = "pdsim", any_mlx_lm: bool = False) -> list[str]:
     """Refuse what cannot run or be predicted, before any run; the warnings to print."""
-    if out.exists():
+    if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists; not overwriting it (choose another report path)")
+    check_output(out, overwrite=True, what="report")  # a folder, a place under a file, a read-only folder
     warnings = []
     if engine not in ENGINES:
         raise UserError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
@@ -106,12 +103,15 @@ def gate(prof: dict, trace: Trace, settings: list[dict], engine: str = "pdsim") 
 
 
 def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup: int, cooldown: float,
-            runs_dir: Path, engine: str = "pdsim") -> list[dict]:
-    """Every (setting, repeat) in its own process, alternating order; returns the runs in run order."""
+             runs_dir: Path, engine: str = "pdsim") -> list[dict]:
+    """Every (setting, repeat) in its own process, alternating order; returns the runs in run order.
+    A run finished before an interrupt is reused: its file says it measured this trace and setting
+    (`RunsFolder` has already proven the folder holds runs of this work)."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     trace_path = runs_dir / "trace.jsonl"
-    if not trace_path.exists():
-        trace.save_jsonl(trace_path)
+    sha = trace.sha256()
+    if not trace_path.exists() or load_jsonl(trace_path).sha256() != sha:
+        trace.save_jsonl(trace_path, overwrite=True)
     order = []
     for r in range(repeats):
         seq = settings if r % 2 == 0 else list(reversed(settings))
@@ -120,7 +120,8 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
     for r, s in tqdm(order, desc="confirming", unit="run"):
         label = setting_label(s)
         out = runs_dir / f"r{r}-{label.replace('/', '_')}.json"
-        if not out.exists():
+        data = finished_run(out, s, sha)
+        if data is None:
             spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup,
                     "engine": engine}
             try:
@@ -129,7 +130,9 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
                 raise UserError(f"run {label} repeat {r} failed: {e}") from None
             if cooldown:
                 time.sleep(cooldown)
-        data = json.loads(out.read_text())
+            data = finished_run(out, s, sha)
+            if data is None:
+                raise UserError(f"run {label} repeat {r}: its worker wrote no readable result to {out}")
         check = data.get("check", {})
         if check.get("policy_mismatches") or check.get("shape_mismatches"):
             first = (check["policy_mismatches"] + check["shape_mismatches"])[0]
@@ -187,11 +190,19 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
     host = host_info()
     for w in check_inputs(prof, trace, out, host, force, settings, engine, any_mlx_lm):
         print(f"warning: {w}")
+    runs_dir = out.with_name(out.name + ".runs")
+    manifest = runs_manifest(prof, trace, settings, repeats, warmup, cooldown) | {"engine": engine}
+    with RunsFolder(runs_dir, manifest):  # before any work
+        return _confirm(prof, trace, settings, out, repeats, warmup, cooldown, stall_ms, host, runs_dir, engine)
+
+
+def _confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: int, warmup: int, cooldown: float,
+             stall_ms: float, host: dict, runs_dir: Path, engine: str) -> dict:
     t0 = time.perf_counter()
     g = gate(prof, trace, settings, engine)
     if not g["ok"]:
         raise UserError(f"correctness gate failed: {json.dumps(g)}")
-    runs = run_all(prof, trace, settings, repeats, warmup, cooldown, out.with_name(out.name + ".runs"), engine)
+    runs = run_all(prof, trace, settings, repeats, warmup, cooldown, runs_dir, engine)
     results = compare(prof, trace, settings, runs, stall_ms)
     first = {}
     for r in runs:  # every run of every setting must produce the same greedy tokens
@@ -218,6 +229,28 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
     return report
 
 
+def check_report(doc: dict, where: str) -> None:
+    """A confirm report as `rescore` reads it (a profile or a sweep given instead is named as such)."""
+    if "pdsim_confirm" not in doc:
+        kind = ("a profile" if "cost" in doc and "model" in doc else "a sweep's results" if "pdsim_sweep" in doc
+                else "not a confirm report")
+        raise UserError(f"{where}: {kind}, not a confirm report (no 'pdsim_confirm'); --rescore takes the report "
+                        "`pdsim confirm -o` wrote")
+    trace = doc.get("trace")
+    if not (isinstance(trace, dict) and isinstance(trace.get("requests"), list) and isinstance(trace.get("meta"), dict)
+            and isinstance(trace.get("sha256"), str)):
+        raise UserError(f"{where}: its 'trace' must hold 'requests', 'meta' and 'sha256'")
+    if not isinstance(doc.get("settings"), list) or not all(isinstance(x, dict) for x in doc["settings"]):
+        raise UserError(f"{where}: its 'settings' must be a list of settings")
+    runs = doc.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise UserError(f"{where}: no 'runs' to rescore")
+    for i, r in enumerate(runs):
+        if not isinstance(r, dict) or not all(k in r for k in ("setting", "log", "repeat")) \
+                or not isinstance(r["setting"], dict) or not isinstance(r["log"], dict):
+            raise UserError(f"{where}: runs[{i}] must hold its 'setting', 'repeat' and 'log'")
+
+
 def profile_summary(prof: dict) -> dict:
     cost = {k: v for k, v in prof["cost"].items() if k not in ("prefill", "decode")}
     cost |= {k: {f: v for f, v in prof["cost"][k].items() if f in ("form", "coef", "knot", "lone")}
@@ -231,14 +264,20 @@ def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source
 
     The new report keeps every measurement and says which report and profile it came from.
     """
-    if out.exists():
+    if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists; not overwriting it (choose another report path)")
-    trace = Trace.from_dicts(report["trace"]["requests"], report["trace"]["meta"])
+    check_output(out, overwrite=True, inputs=[source], what="report")
+    where = source or "the report"
+    check_report(report, where)
+    trace = Trace.from_dicts(report["trace"]["requests"], report["trace"]["meta"], source=f"{where} trace")
     if trace.sha256() != report["trace"]["sha256"]:
-        raise UserError("the report's trace does not match its SHA-256; refusing to rescore it")
-    runs = [dict(r, label=setting_label(r["setting"])) for r in report["runs"]]  # labels by today's rules
-    settings = [setting(s) for s in report["settings"]]
-    new = dict(report, profile=profile_summary(prof), rescored_from=source, runs=runs,
-               results=compare(prof, trace, settings, runs, stall_ms))
+        raise UserError(f"{where}: the report's trace does not match its SHA-256; refusing to rescore it")
+    try:
+        runs = [dict(r, label=setting_label(r["setting"])) for r in report["runs"]]  # labels by today's rules
+        settings = [setting(s) for s in report["settings"]]
+        results = compare(prof, trace, settings, runs, stall_ms)
+    except (KeyError, TypeError, ValueError, IndexError, EngineError) as e:  # a damaged run in a well-formed report
+        raise UserError(f"{where}: its runs cannot be replayed ({type(e).__name__}: {e})") from None
+    new = dict(report, profile=profile_summary(prof), rescored_from=source, runs=runs, results=results)
     atomic_write_json(out, new)
     return new

@@ -8,7 +8,6 @@ prefill of its own. Finished timings are appended to a partial file, so an inter
 """
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
@@ -22,10 +21,10 @@ from tqdm import tqdm
 import policies
 from calibrate.executor import RealEngine
 from calibrate.grid import Grid
+from calibrate.journal import Journal
 from calibrate.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
 from calibrate.model import LoadedModel
 from sim.kvcache import write
-from sim.errors import UserError
 from traces.generators import tinyllm
 
 
@@ -159,21 +158,25 @@ class Profiler:
 ONCE = {"overhead"}  # steps timed in a run's first round only: the host overhead is steady and tiny, its run is not (5 s)
 
 
-def run_grid(lm: LoadedModel, grid: Grid, partial: Path, header: dict, seed: int = 0, progress: bool = True,
-             rounds: range | None = None, keys: set[str] | None = None,
+def run_grid(lm: LoadedModel, grid: Grid, partial: Path | Journal, header: dict | None = None, seed: int = 0,
+             progress: bool = True, rounds: range | None = None, keys: set[str] | None = None,
              after_round: Callable[[int], None] | None = None, profiler=None) -> list[dict]:
     """Time every grid point (or those in `keys`) once per round, each round in its own shuffled order.
 
     Rounds, not back-to-back repeats: this VM drifts by ~10% over minutes, and repeats timed
     together would carry the drift of their moment into one point's median; across rounds it
     spreads over every point. `after_round(r)` runs when round r is done (the calibration's engine
-    runs, so they share the rounds' minutes). Each (point, round) is appended to `partial` as it
-    finishes, so an interrupted run resumes where it stopped. `profiler` times the points (default
-    `Profiler`; mlx-lm's grid: `calibrate.mlxlm_profiler.MlxLmProfiler`).
+    runs, so they share the rounds' minutes). Each (point, round) is appended to `partial` (a
+    path with its `header`, or an open `calibrate.journal.Journal`) as it finishes, so an
+    interrupted run resumes where it stopped. `profiler` times the points (default `Profiler`;
+    mlx-lm's grid: `calibrate.mlxlm_profiler.MlxLmProfiler`).
     """
+    if not isinstance(partial, Journal):
+        with Journal(partial, header or {}) as journal:
+            return run_grid(lm, grid, journal, header, seed, progress, rounds, keys, after_round, profiler)
     rounds = rounds if rounds is not None else range(grid.repeats)
     points = [p for p in grid.points() if keys is None or p["key"] in keys]
-    done = _read_partial(partial, header)
+    done = {(s["key"], s["round"]): s for s in partial.records if isinstance(s.get("key"), str) and "round" in s}
     todo: dict[int, list[dict]] = {}
     for r in rounds:
         order = list(points)
@@ -182,39 +185,17 @@ def run_grid(lm: LoadedModel, grid: Grid, partial: Path, header: dict, seed: int
     visited: set[str] = set()  # warm-up is per process: a resumed run warms each point again
     prof = profiler or Profiler(lm, grid)
     left = sum(map(len, todo.values()))
-    with open(partial, "a") as f, tqdm(desc="calibrating", unit="pt", disable=not progress,
-                                       initial=len(done), total=len(done) + left) as bar:
+    with tqdm(desc="calibrating", unit="pt", disable=not progress, initial=len(done), total=len(done) + left) as bar:
         for r in rounds:
             for p in todo[r]:
                 s = dict(prof.measure(p, first_visit=p["key"] not in visited), round=r)
                 visited.add(p["key"])
                 done[p["key"], r] = s
-                f.write(json.dumps(s) + "\n")
-                f.flush()
+                partial.append(s)
                 bar.update()
             if after_round:
                 after_round(r)
     return [combine([done[p["key"], r] for r in rounds if (p["key"], r) in done]) for p in points]
-
-
-def _read_partial(partial: Path, header: dict) -> dict[tuple[str, int], dict]:
-    """The (point, round) timings an earlier, interrupted run of the same calibration saved."""
-    done: dict[tuple[str, int], dict] = {}
-    if not partial.exists():
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(header) + "\n")
-        return done
-    lines = partial.read_text().splitlines()
-    if not lines or json.loads(lines[0]) != header:
-        raise UserError(f"{partial}: partial results of a different calibration (model, grid, seed or "
-                        "device differ); delete it to start over, or write the profile elsewhere with -o")
-    for line in lines[1:]:
-        try:
-            s = json.loads(line)
-            done[s["key"], s["round"]] = s
-        except (json.JSONDecodeError, KeyError):  # a line cut short by an interrupt
-            continue
-    return done
 
 
 def combine(visits: list[dict]) -> dict:

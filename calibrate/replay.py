@@ -69,7 +69,7 @@ def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bo
     for w in loads:
         t0 = time.perf_counter()
         trace = folder / f"{w.name}.trace.jsonl"
-        w.trace.save_jsonl(trace)
+        w.trace.save_jsonl(trace, overwrite=True)  # an interrupted run left one: the folder is ours (locked)
         try:
             out = run_fresh({"model": model, "trace_path": str(trace), "setting": w.setting, "warmup": 1,
                              "engine": w.engine}, folder / f"{w.name}.json")

@@ -44,7 +44,8 @@ def run_spec(spec: dict) -> dict:
     t0 = time.perf_counter()
     run = engine.run(trace, policy)
     return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
-            "wall_s": time.perf_counter() - t0, "host": host_info(), "setting": spec["setting"]}
+            "wall_s": time.perf_counter() - t0, "host": host_info(), "setting": spec["setting"],
+            "trace_sha256": trace.sha256(), "warmup": spec.get("warmup", 1)}  # what was measured, to resume by
 
 
 def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:

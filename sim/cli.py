@@ -6,7 +6,9 @@ imports MLX) set `NEEDS_MLX = True`, which switches to an optimized BLAS before 
 
 Errors a user can cause (`sim.errors.user_errors`: bad input, missing files, mismatched profiles)
 print one line and exit 2; anything else is a bug and shows its traceback. Ctrl-C exits 130
-after whatever was measured has been saved.
+after whatever was measured has been saved, at any moment: also while the parser and the
+command's modules are still being imported (this module imports nothing heavy at its top, so
+the window before `main` is entered is as short as Python's own start-up).
 """
 from __future__ import annotations
 
@@ -48,23 +50,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    module = importlib.import_module(COMMANDS[args.command])
-    if getattr(module, "NEEDS_MLX", False):
-        from calibrate.blas import ensure_fast_blas
-        ensure_fast_blas(argv)
+    command, errors = "pdsim", ()
     try:
+        errors = user_errors()  # imports every layer's error classes: inside the try, as all imports here
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = f"pdsim {args.command}"
+        module = importlib.import_module(COMMANDS[args.command])
+        if getattr(module, "NEEDS_MLX", False):
+            from calibrate.blas import ensure_fast_blas
+            ensure_fast_blas(argv)
         return module.run(args)
-    except user_errors() as e:
-        print(f"pdsim {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted; results measured so far were kept", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # output piped into `head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except KeyboardInterrupt:
-        print(f"pdsim {args.command}: interrupted; results measured so far were kept", file=sys.stderr)
-        return 130
+    except errors as e:  # (the tuple is read when an exception is matched, so it is the one set above)
+        print(f"{command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from sim.files import read_json_object
 
 PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
                 "plus r0 + r1*(L mod tile) when L is not a multiple of the tile; plus copy*written")
@@ -335,81 +334,10 @@ def _interpolator(points: np.ndarray):
         return lambda *xy: np.full(np.broadcast(*xy).shape, np.nan)
 
 
-REQUIRED = ("model", "device", "cost")
-
-
 def load_profile(path: str | Path) -> dict:
-    """Read and check a profile JSON; raise ProfileError with one line on any problem."""
-    prof = read_json_object(path, "profile", ProfileError)
-    for key in REQUIRED:
-        if key not in prof:
-            raise ProfileError(f"profile {path}: missing required field {key!r}")
-    cost = prof["cost"]
-    if not isinstance(cost, dict):
-        raise ProfileError(f"profile {path}: 'cost' must be an object")
-    if "mlx_lm" in cost:
-        _check_mlx_lm(path, cost["mlx_lm"])
-    if "mlx_lm" not in cost or "prefill" in cost or "decode" in cost:  # an mlx-lm profile may have only its own
-        _check_pdsim_forms(path, cost)
-    if "name" not in prof["model"]:
-        raise ProfileError(f"profile {path}: missing required field 'model.name'")
-    prof["_path"] = str(path)
-    return prof
-
-
-def _check_pdsim_forms(path, cost: dict) -> None:
-    for key, sizes in (("prefill", (3, 4)), ("decode", (3, 4))):
-        section = cost.get(key) if isinstance(cost.get(key), dict) else {}
-        coef = section.get("coef")
-        if not (isinstance(coef, list) and len(coef) in sizes and all(_is_number(x) for x in coef)):
-            raise ProfileError(f"profile {path}: missing required field 'cost.{key}.coef' "
-                               f"({' or '.join(map(str, sizes))} numbers)")
-        _check_dense(path, f"cost.{key}.dense", section.get("dense"))
-    knot = cost["decode"].get("knot")
-    if len(cost["decode"]["coef"]) == 4 and not (_is_number(knot) and knot > 0):
-        raise ProfileError(f"profile {path}: 4 decode coefficients need 'cost.decode.knot', a positive context")
-    lone = cost["decode"].get("lone")
-    if lone is not None and not (_is_number(lone) and lone >= 0):
-        raise ProfileError(f"profile {path}: 'cost.decode.lone' must be a non-negative number")
-    for key in ("copy", "fresh"):
-        if not (_is_number(cost.get(key, 0.0)) and cost.get(key, 0.0) >= 0):
-            raise ProfileError(f"profile {path}: 'cost.{key}' must be a non-negative number (seconds per token-row)")
-    tile, rem = cost["prefill"].get("tile", 0), cost["prefill"].get("remainder", [0.0, 0.0])
-    if not (isinstance(tile, int) and not isinstance(tile, bool) and tile >= 0 and isinstance(rem, list)
-            and len(rem) == 2 and all(_is_number(x) and x >= 0 for x in rem)):
-        raise ProfileError(f"profile {path}: 'cost.prefill.tile' must be a whole number >= 0 and "
-                           "'cost.prefill.remainder' two non-negative numbers")
-
-
-def _check_dense(path, where: str, dense) -> None:
-    if dense is not None and not (
-            isinstance(dense, list) and dense and all(isinstance(p, list) and len(p) == 2
-                                                      and all(map(_is_number, p)) for p in dense)
-            and all(a[0] < b[0] for a, b in zip(dense, dense[1:]))):
-        raise ProfileError(f"profile {path}: '{where}' must be [size, seconds] pairs, sizes increasing")
-
-
-def _check_mlx_lm(path, m) -> None:
-    """The `cost.mlx_lm` section (`MlxLmCosts`)."""
-    if not isinstance(m, dict):
-        raise ProfileError(f"profile {path}: 'cost.mlx_lm' must be an object")
-    for key in ("prompt", "generate"):
-        section = m.get(key) if isinstance(m.get(key), dict) else {}
-        coef = section.get("coef")
-        if not (isinstance(coef, list) and len(coef) == 4 and all(_is_number(x) for x in coef)):
-            raise ProfileError(f"profile {path}: missing required field 'cost.mlx_lm.{key}.coef' (4 numbers)")
-        _check_dense(path, f"cost.mlx_lm.{key}.dense", section.get("dense"))
-    knot = m["generate"].get("knot")
-    if knot is not None and not (_is_number(knot) and knot > 0):
-        raise ProfileError(f"profile {path}: 'cost.mlx_lm.generate.knot' must be a positive context")
-    for where, v in (("generate.first", m["generate"].get("first", 0.0)), ("copy", m.get("copy", 0.0)),
-                     ("fresh", m.get("fresh", 0.0)), ("iteration", m.get("iteration", 0.0))):
-        if not (_is_number(v) and v >= 0):
-            raise ProfileError(f"profile {path}: 'cost.mlx_lm.{where}' must be a non-negative number")
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    """Read and check a profile JSON (`sim.profile_schema`); ProfileError with one line on any problem."""
+    from sim.profile_schema import read_profile
+    return read_profile(path)
 
 
 def cost_model(prof: dict) -> LinearCostModel | GridCostModel:

@@ -15,18 +15,21 @@ exactly the registry's names, in its order, whatever the run (NaN where a run ca
 - TTFT, TPOT, E2E latency, makespan, throughput, goodput: vLLM's serving-benchmark conventions
   (mean, median, population std, linear percentiles; completed requests only).
 - busy fraction: time in engine calls over the makespan; near 1, arrivals outpace the engine.
+
+`score` runs a whole log through a `sim.tally.Tally`, the same code that scores a long replay as
+it goes (`sim.scored_log`), so a log in memory and a replay that never kept one are scored alike.
+The functions below state each definition on a whole log; the tests hold the tally to them.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
 
 from sim.errors import InputError
 from sim.log import EventLog
-from sim.metric_registry import NAMES
+from sim.tally import RequestTable, Slo, Tally
 
 SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2el"}
 
@@ -49,14 +52,6 @@ def _stats(values: np.ndarray, prefix: str, suffix: str, out: dict) -> None:
     out[f"std_{prefix}{suffix}"] = float(values.std()) if n else math.nan
     for q in (50, 95, 99):
         out[f"p{q}_{prefix}{suffix}"] = _pct(values, q / 100)
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Per-request targets in milliseconds (None = no target)."""
-    ttft: float | None = None
-    tpot: float | None = None
-    e2el: float | None = None
 
 
 def decode_gaps(log: EventLog) -> np.ndarray:
@@ -163,57 +158,22 @@ def resumption_summary(log: EventLog) -> tuple[float, float]:
 
 def score(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0) -> dict:
     """Every metric of the run, as a flat dict in the registry's order (times in ms unless the key
-    says otherwise; NaN where the run cannot measure one, e.g. goodput without a target)."""
-    m: dict = {}
-    dg = decode_gaps(log) * 1e3
-    m["decode_gap_p50_ms"] = nearest_rank(dg, 0.50)
-    m["decode_gap_median_ms"] = float(np.median(dg)) if len(dg) else math.nan  # tiny-llm's statistics.median
-    m["decode_gap_p95_ms"] = nearest_rank(dg, 0.95)
-    m["decode_gap_max_ms"] = float(dg.max()) if len(dg) else math.nan
-
-    itl = inter_token_gaps(log) * 1e3
-    _stats(itl, "itl", "_ms", m)
-    m["max_itl_ms"] = float(itl.max()) if len(itl) else math.nan
-    over = itl[itl > stall_ms]
-    m["stall_count"] = int(len(over))
-    m["stall_excess_s"] = float((over - stall_ms).sum() / 1e3)
-    top, mean = resumption_summary(log)
-    m["resume_gap_max_ms"], m["resume_gap_mean_ms"] = top * 1e3, mean * 1e3
-
-    rows = latency_rows(log)
-    done = [r for r in rows if r["generated"] == r["output_len"]]
-    for name in ("ttft", "tpot", "e2el"):
-        _stats(np.array([r[name] for r in done if r[name] is not None], float) * 1e3, name, "_ms", m)
-
-    starts = [i.arrival for i in log.requests.values()]
-    ends = [t[-1] for t in log.tokens.values() if t]
-    makespan = max(ends) - min(starts) if ends else math.nan
-    per_s = (lambda n: n / makespan) if makespan > 0 else (lambda n: math.nan)
-    # tokens timed in this run: a prefilled request's first token came before the clock started
-    out_tokens = sum(len(t) for t in log.tokens.values()) - sum(i.prefilled for i in log.requests.values())
-    in_tokens = sum(r["prompt_len"] for r in done if not r["prefilled"])
-    m["makespan_s"] = makespan
-    m["completed"] = len(done)
-    m["total_input_tokens"] = in_tokens
-    m["total_output_tokens"] = out_tokens
-    m["request_throughput"] = per_s(len(done))
-    m["output_throughput"] = per_s(out_tokens)
-    m["total_token_throughput"] = per_s(in_tokens + out_tokens)
-    good = sum(1 for r in done if _meets(r, slo)) if slo is not None else math.nan
-    m["request_goodput"] = per_s(good) if slo is not None else math.nan
-    m["slo_attained"] = good / len(rows) if slo is not None and rows else math.nan
-    m["engine_calls"] = log.call_count
-    # share of the run the engine was busy: near 1 means arrivals outpace it (queues grow)
-    m["busy_frac"] = per_s(log.busy_seconds())
-    return {name: m[name] for name in NAMES}
+    says otherwise; NaN where the run cannot measure one, e.g. goodput without a target). Exact:
+    the log is in memory already, so no distribution is folded into a sketch."""
+    return tally_of(log, slo, stall_ms).result()
 
 
-def _meets(r: dict, slo: Slo) -> bool:
-    for key, target in (("ttft", slo.ttft), ("tpot", slo.tpot), ("e2el", slo.e2el)):
-        v = r.get(key)
-        if target is not None and v is not None and v * 1e3 > target:
-            return False
-    return True
+def tally_of(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0, keep_rows: bool = False) -> Tally:
+    """A whole log through a `Tally`: requests in the log's order, decode calls by end time."""
+    infos = list(log.requests.values())
+    tally = Tally(RequestTable.of(infos), slo, stall_ms, cap=1 << 62, keep_rows=keep_rows)
+    for i, info in enumerate(infos):
+        tally.request_done(i, log.tokens.get(info.rid, ()))
+    ends, its = log.decode_ends()
+    order = np.argsort(ends, kind="stable")
+    tally.decode_calls(ends[order], its[order])
+    tally.engine_calls(log.call_count, log.busy_seconds())
+    return tally
 
 
 def parse_slo(items: list[str]) -> Slo:
@@ -227,6 +187,6 @@ def parse_slo(items: list[str]) -> Slo:
             kw[key] = float(val)
         except ValueError:
             raise InputError(f"--slo {item!r}: {val!r} is not a number of milliseconds") from None
-        if kw[key] <= 0:
-            raise InputError(f"--slo {item!r}: a target must be > 0 ms")
+        if not (math.isfinite(kw[key]) and kw[key] > 0):
+            raise InputError(f"--slo {item!r}: a target must be a finite number > 0 ms")
     return Slo(**kw)

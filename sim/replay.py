@@ -15,7 +15,8 @@ from sim.steady import call_costs, steady_steps, steady_times
 from traces.trace import Trace
 
 
-def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True, warmup: Trace | None = None) -> EventLog:
+def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True, warmup: Trace | None = None,
+             log: EventLog | None = None) -> EventLog:
     """Replay `trace` under `policy`; return the event log. Deterministic: no randomness inside.
 
     The engine is one SimPy process; arrivals are read from the trace between iterations, as a
@@ -23,11 +24,12 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
     call's cost) and SimPy advances with it. `steady=False` turns off the bulk pricing of steady
     stretches (`sim.steady`), for checking that it changes nothing. `warmup`: a trace the same
     process served first (a confirm run's warm-up), whose KV arrays the allocator then reuses.
+    `log`: where the run is logged (`sim.scored_log.ScoredLog` scores a long run in bounded memory).
     """
     if engine_of(policy) == "pdsim" and not getattr(cost, "pdsim_forms", True):
         raise ProfileError(f"the profile prices mlx-lm's BatchGenerator only (`pdsim calibrate --engine mlx-lm`); "
                            f"policy {policy.name!r} runs on pdsim's engine: calibrate without --engine for it")
-    state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0)
+    state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0, log)
     _serve(state, policy, cost, steady)
     return state.log
 

@@ -59,8 +59,10 @@ class EngineState:
     generation batch is `ready`, in the batch's order.
     """
 
-    def __init__(self, trace: Trace, largest: int = 0):
-        """`largest`: the largest KV array the process allocated before this run (its warm-up)."""
+    def __init__(self, trace: Trace, largest: int = 0, log: EventLog | None = None):
+        """`largest`: the largest KV array the process allocated before this run (its warm-up);
+        `log`: where calls and tokens go (default a new `EventLog`; `sim.scored_log.ScoredLog`
+        tallies a long run instead of keeping it)."""
         self.trace = trace
         self.now = 0.0
         self.iteration = 0
@@ -69,7 +71,7 @@ class EngineState:
         self.kv = KVBuffers(largest=largest)  # the KV caches' buffers (and the batch cache's rows)
         self.finished = 0
         self.arrived = 0
-        self.log = EventLog()
+        self.log = EventLog() if log is None else log
         self._returned: tuple[int, list[list[float]]] = (-1, [])  # a `Generate`'s tokens: iteration, lists
         self.stepped: tuple[str, ...] = ()  # mlx-lm: the generation batch's rows at its last step
         for r in trace.requests:

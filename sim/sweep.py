@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import multiprocessing
 import os
+import signal
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Iterable, Mapping
 from uuid import uuid4
 
@@ -23,6 +24,8 @@ from sim.costmodel import BUILTIN, cost_model, load_profile
 from sim.errors import UserError
 from sim.metrics import Slo, score
 from sim.replay import simulate
+from sim.scored_log import simulate_scored
+from sim.tally import RequestTable
 from sim.settings import KEYS as SETTING_KEYS
 from sim.settings import Setting, setting_label, unique
 from traces.trace import Request, Trace
@@ -73,8 +76,8 @@ def grid(settings: Iterable[Setting | Mapping], traces: Iterable[str] = ("tinyll
         if not items:
             raise SweepError(f"empty grid: no {what} to sweep")
     for f in rate_scales:
-        if not f > 0:
-            raise SweepError(f"rate scale must be > 0, got {f}")
+        if not (math.isfinite(f) and f > 0):
+            raise SweepError(f"rate scale must be a finite number > 0, got {f}")
     return [Point(dict(s), t, float(f)) for t, f, s in itertools.product(traces, rate_scales, settings)]
 
 
@@ -88,21 +91,41 @@ def scale_rate(trace: Trace, factor: float) -> Trace:
 
 
 def evaluate(trace: Trace, setting: dict, cost, slo: Slo | None, stall_ms: float,
-             keep_log: bool = False) -> tuple[dict, dict | None]:
-    """Simulate one setting and score it; (metrics, log as a dict if `keep_log`).
+             keep_log: bool | str = False, about: dict | None = None) -> tuple[dict, dict | str | None]:
+    """Simulate one setting and score it as it runs (`sim.scored_log`: memory that does not grow
+    with the run's calls); (metrics, log). `keep_log`: a path writes the event log there as a
+    columnar file (`sim.logfile`) as the run goes, and the path comes back; True keeps the log in
+    memory and returns it as a dict (for a Dask worker, whose files the driver cannot see).
+    `about`: what the log file's meta says of the run besides its setting and metrics.
 
-    The cyclic garbage collector is paused during the replay: the log is millions of small
-    objects that all stay alive, and scanning them over and over costs a fifth of the run.
+    The cyclic garbage collector is paused during the replay: the engine's objects all stay alive,
+    and scanning them over and over costs a fifth of the run.
     """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        log = simulate(trace, policies.make(**setting), cost)
-        metrics = score(log, slo, stall_ms)
+        if keep_log is True:
+            log = simulate(trace, policies.make(**setting), cost)
+            return score(log, slo, stall_ms), log.to_dict()
+        writer = None
+        if keep_log:
+            from sim.logfile import LogWriter
+            writer = LogWriter(keep_log, RequestTable.of(trace.requests), overwrite=True)
+        try:
+            tally = simulate_scored(trace, policies.make(**setting), cost, slo, stall_ms, keep_rows=bool(writer),
+                                    writer=writer)
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+        metrics = tally.result()
+        if writer is not None:
+            writer.close(dict(about or {}, setting=setting, metrics=metrics, estimated=tally.estimated()), tally.rows)
+            return metrics, str(keep_log)
+        return metrics, None
     finally:
         if was_enabled:
             gc.enable()
-    return metrics, (log.to_dict() if keep_log else None)
 
 
 def row_of(point: Point, inputs: Inputs, metrics: dict) -> dict:
@@ -120,6 +143,8 @@ _WORKER: dict = {}
 
 
 def _init_worker(inputs: Inputs) -> None:
+    if multiprocessing.parent_process() is not None:  # a pool worker: Ctrl-C is the driver's to handle
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER.clear()
     _WORKER.update(inputs=inputs, cost=cost_model(inputs.profile), scaled={})
     gc.collect()
@@ -133,10 +158,17 @@ def _trace_for(inputs: Inputs, scaled: dict, point: Point) -> Trace:
     return scaled[key]
 
 
-def _run_local(point: Point, keep_log: bool) -> tuple[dict, dict | None]:
+def _run_local(point: Point, keep_log: bool | str) -> tuple[dict, dict | str | None]:
     w = _WORKER
     inp: Inputs = w["inputs"]
-    return evaluate(_trace_for(inp, w["scaled"], point), point.setting, w["cost"], inp.slo, inp.stall_ms, keep_log)
+    return evaluate(_trace_for(inp, w["scaled"], point), point.setting, w["cost"], inp.slo, inp.stall_ms, keep_log,
+                    about(point, inp))
+
+
+def about(point: Point, inputs: Inputs) -> dict:
+    """What a point's log file says it is a run of."""
+    return {"label": point.label, "trace": {"name": point.trace, "sha256": inputs.sha256[point.trace]},
+            "rate_scale": point.rate_scale}
 
 
 _DASK_CACHE: dict = {}
@@ -167,25 +199,28 @@ def work_estimate(point: Point, trace: Trace) -> float:
 
 
 def run_points(points: list[Point], inputs: Inputs, workers: int | None = None, scheduler: str | None = None,
-               keep_logs: bool = False, progress: bool = True,
-               connect_timeout: float = 10.0) -> list[tuple[dict, dict | None]]:
-    """(metrics, log dict or None) for each point, in the order given.
+               keep_logs: bool | list[str] = False, progress: bool = True,
+               connect_timeout: float = 10.0) -> list[tuple[dict, dict | str | None]]:
+    """(metrics, log or None) for each point, in the order given.
 
     `scheduler`: a Dask scheduler address (tcp://host:port) or a `distributed.Client`; otherwise
-    `workers` local processes (default: one per core; 1 runs in this process).
+    `workers` local processes (default: one per core; 1 runs in this process). `keep_logs`: True
+    returns each log as a dict; a list of paths, one per point, has each local worker write its
+    point's log file there as it runs (`evaluate`), and on Dask returns dicts instead.
     """
+    paths = keep_logs if isinstance(keep_logs, list) else [keep_logs] * len(points)
     if not points:
         raise SweepError("empty grid: no settings to sweep")
     for p in points:
         if p.trace not in inputs.traces:
             raise SweepError(f"point {p.label} names trace {p.trace!r}, which the sweep was not given")
     if scheduler is not None:
-        return _run_on_dask(points, inputs, scheduler, keep_logs, progress, connect_timeout)
+        return _run_on_dask(points, inputs, scheduler, bool(keep_logs), progress, connect_timeout)
     workers = min(workers or os.cpu_count() or 1, len(points))
     if workers == 1:
         _init_worker(inputs)
         try:
-            return [_run_local(p, keep_logs) for p in _bar(points, len(points), progress)]
+            return [_run_local(p, k) for p, k in _bar(list(zip(points, paths)), len(points), progress)]
         finally:
             _WORKER.clear()
             gc.unfreeze()
@@ -194,7 +229,7 @@ def run_points(points: list[Point], inputs: Inputs, workers: int | None = None, 
     results: list = [None] * len(points)
     pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=_init_worker, initargs=(inputs,))
     try:
-        done = pool.map(_run_local, [points[i] for i in order], repeat(keep_logs))
+        done = pool.map(_run_local, [points[i] for i in order], [paths[i] for i in order])
         for i, result in zip(order, _bar(done, len(points), progress)):
             results[i] = result
     except BaseException:  # Ctrl-C or a failed run: do not wait for the queued runs

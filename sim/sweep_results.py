@@ -12,7 +12,9 @@ from pathlib import Path
 import pandas as pd
 
 from sim import metric_registry as registry
-from sim.files import ExistsError, atomic_write_json, atomic_write_text, jsonable
+from sim.files import atomic_write_json, atomic_write_text, jsonable
+from sim.log import EventLog
+from sim.outdir import file_sha256
 from sim.metrics import Slo, parse_slo
 from sim.pick import Constraint, Objective, Pick, check_names, default_latency, pick, split_slo, throughput_of
 from sim.sweep import Inputs, Point, grid, run_points, run_sweep
@@ -77,11 +79,7 @@ def run_plan(plan: SweepPlan, workers: int | None = None, scheduler=None, progre
     return SweepResult(plan, inputs, points, df, picks, wall)
 
 
-def refuse_existing(out: Path, overwrite: bool) -> None:
-    if not overwrite:
-        for name in RESULTS:
-            if (out / name).exists():
-                raise ExistsError(f"{out / name} exists; not overwriting it (pass --overwrite, or another -o)")
+RESULT_NAMES = RESULTS + ("logs",)  # what a sweep owns in its folder
 
 
 def log_points(result: SweepResult, n: int) -> list[tuple[int, Point]]:
@@ -99,29 +97,32 @@ def log_points(result: SweepResult, n: int) -> list[tuple[int, Point]]:
 
 
 def log_path(out: Path, p: Point) -> Path:
-    return out / "logs" / f"{_slug(p.trace)}-x{p.rate_scale:g}-{_slug(p.label)}.json"
+    return out / "logs" / f"{_slug(p.trace)}-x{p.rate_scale:g}-{_slug(p.label)}.npz"
 
 
-def save_logs(result: SweepResult, out: Path, chosen: list[tuple[int, Point]], overwrite: bool = False,
-              workers: int | None = None, scheduler=None, progress: bool = True,
-              connect_timeout: float = 10.0) -> list[dict]:
-    """Re-run the chosen points keeping their event logs; write one JSON each under `out/logs`."""
+def save_logs(result: SweepResult, out: Path, chosen: list[tuple[int, Point]], workers: int | None = None,
+              scheduler=None, progress: bool = True, connect_timeout: float = 10.0, into: Path | None = None) -> list[dict]:
+    """Re-run the chosen points keeping their event logs: one columnar file each under
+    `into/logs` (the staging folder of `out`; `sim.logfile`), written by the local workers as
+    they run (on Dask, the logs come back and are written here)."""
     if not chosen:
         return []
-    files = [log_path(out, p) for _, p in chosen]
-    for path in files:
-        if path.exists() and not overwrite:
-            raise ExistsError(f"{path} exists; not overwriting it (pass --overwrite, or another -o)")
+    into = into or out
+    files = [log_path(into, p) for _, p in chosen]
+    files[0].parent.mkdir(parents=True, exist_ok=True)
     inputs = result.inputs
-    results = run_points([p for _, p in chosen], inputs, workers, scheduler, keep_logs=True, progress=progress,
+    keep = True if scheduler is not None else [str(f) for f in files]
+    results = run_points([p for _, p in chosen], inputs, workers, scheduler, keep_logs=keep, progress=progress,
                          connect_timeout=connect_timeout)
     doc = []
     for (rank_, p), path, (metrics, log) in zip(chosen, files, results):
-        atomic_write_json(path, {"label": p.label, "setting": p.setting, "rank": rank_,
-                                 "trace": {"name": p.trace, "sha256": inputs.sha256[p.trace]},
-                                 "rate_scale": p.rate_scale, "metrics": metrics, "log": log},
-                          overwrite=overwrite)
-        doc.append({"file": str(path.relative_to(out)), "label": p.label, "trace": p.trace,
+        meta = {"label": p.label, "setting": p.setting, "rank": rank_,
+                "trace": {"name": p.trace, "sha256": inputs.sha256[p.trace]}, "rate_scale": p.rate_scale,
+                "metrics": metrics}
+        if isinstance(log, dict):  # from a Dask worker (a local one wrote the file itself, `sweep.evaluate`)
+            from sim.logfile import write_log
+            write_log(path, EventLog.from_dict(log), meta, overwrite=True)
+        doc.append({"file": str(path.relative_to(into)), "label": p.label, "trace": p.trace,
                     "trace_sha256": inputs.sha256[p.trace], "rate_scale": p.rate_scale, "rank": rank_})
     return doc
 
@@ -149,9 +150,13 @@ def results_doc(result: SweepResult, grid_options: dict, executor: str, logs: li
         "rows": jsonable(result.df.to_dict(orient="records"))}
 
 
-def write_results(out: Path, doc: dict, df: pd.DataFrame, overwrite: bool = False) -> None:
-    atomic_write_text(out / "results.csv", df.to_csv(index=False), overwrite=overwrite)
-    atomic_write_json(out / "results.json", doc, overwrite=overwrite)
+def write_results(into: Path, doc: dict, df: pd.DataFrame) -> None:
+    """results.csv, then results.json naming the SHA-256 of results.csv and of every log it lists
+    (`digests`), so the set can be proven whole (`sim.outdir`); into the sweep's staging folder."""
+    atomic_write_text(into / "results.csv", df.to_csv(index=False))
+    digests = {"results.csv": file_sha256(into / "results.csv")}
+    digests |= {entry["file"]: file_sha256(into / entry["file"]) for entry in doc.get("logs", [])}
+    atomic_write_json(into / "results.json", dict(doc, digests=digests))
 
 
 def _slug(text: str) -> str:

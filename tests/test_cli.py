@@ -22,11 +22,17 @@ def test_simulate_prints_table_and_writes_json(tmp_path, capsys):
     assert "ILLUSTRATIVE" in text and "decode_gap_p95_ms" in text
     data = json.loads(out.read_text())
     assert data["metrics"]["completed"] == 8 and data["metrics"]["total_output_tokens"] == 256
-    assert len(data["log"]["tokens"]) == 8
+    assert "log" not in data and data["log_file"] is None  # the event log only when asked, in its own file
     # never overwritten unless asked
     assert main(["simulate", "--json-out", str(out)]) == 2
     assert "exists" in capsys.readouterr().err
     assert main(["simulate", "--json-out", str(out), "--overwrite"]) == 0
+    log = tmp_path / "run.npz"
+    assert main(["simulate", "--json-out", str(out), "--overwrite", "--log-out", str(log)]) == 0
+    from sim.logfile import read_log
+    meta, events = read_log(log)
+    assert len(events.tokens) == 8 and sum(map(len, events.tokens.values())) == 256
+    assert json.loads(out.read_text())["log_file"] == str(log) and meta["metrics"]["completed"] == 8
 
 
 def test_smaller_budgets_cut_the_max_gap_and_cost_throughput(capsys):
@@ -79,11 +85,11 @@ def test_malformed_trace_and_profile(tmp_path):
     bad.write_text('{"id": "0", "arrival": 0, "prompt_len": 10, "output_len": 4}\n'
                    '{"id": "1", "arrival": 1, "prompt_len": -3, "output_len": 4}\n')
     code, _, err = run_cli("simulate", "--trace", str(bad))
-    assert code == 2 and "line 2" in err and "prompt length" in err and "Traceback" not in err
+    assert code == 2 and "line 2" in err and "prompt_len" in err and "Traceback" not in err
     prof = tmp_path / "p.json"
     prof.write_text(json.dumps({"model": {"name": "x"}, "device": {}, "cost": {"prefill": {"coef": [1, 2, 3]}}}))
     code, _, err = run_cli("simulate", "--profile", str(prof))
-    assert code == 2 and "cost.decode.coef" in err and "Traceback" not in err
+    assert code == 2 and "cost.decode" in err and "Traceback" not in err
     code, _, err = run_cli("simulate", "--model", "qwen3-8b")
     assert code == 2 and "not 'qwen3-8b'" in err
 
@@ -111,7 +117,7 @@ def test_an_internal_bug_is_a_traceback_not_an_input_error(monkeypatch):
 
     def broken(*args, **kwargs):
         raise ValueError("an internal bug")
-    monkeypatch.setattr(cmd, "score", broken)
+    monkeypatch.setattr(cmd, "simulate_scored", broken)
     with pytest.raises(ValueError, match="an internal bug"):
         main(["simulate"])
 

@@ -94,6 +94,29 @@ def test_confirm_end_to_end(profile, tmp_path):
     assert code == 2 and "not a confirm report" in err and "Traceback" not in err
 
 
+def test_a_resumed_confirm_must_be_of_the_same_work(profile, tmp_path):
+    """Issue 12: a confirm interrupted after its runs and resumed with another trace reported the old
+    runs as measurements of the new trace (exit 0). Now it is refused in one line naming what differs;
+    the same work resumes, reusing every finished run."""
+    out = tmp_path / "conf.json"
+    args = ["confirm", "--profile", str(profile), *TRACE, "--policy", "chunked", "--budget", "8",
+            "--batch-size", "2", "--repeats", "1", "-o", str(out)]
+    code, _, err = pdsim(*args)
+    assert code == 0, err
+    runs = out.with_name(out.name + ".runs")
+    stamps = {p.name: p.stat().st_mtime_ns for p in runs.glob("r*.json")}
+    assert stamps
+    out.unlink()  # as if interrupted before the report was written
+    other = [a if a != "3" else "4" for a in args]  # --num-seqs 4: another trace
+    code, _, err = pdsim(*other)
+    assert code == 2 and "other work" in err and "trace" in err and err.count("\n") == 1, err
+    code, _, err = pdsim(*args[:-2], "--repeats", "2", "-o", str(out))  # another protocol
+    assert code == 2 and "protocol" in err, err
+    code, _, err = pdsim(*args)
+    assert code == 0, err
+    assert {p.name: p.stat().st_mtime_ns for p in runs.glob("r*.json")} == stamps  # reused, not measured again
+
+
 def test_confirm_refuses_mismatched_profile_and_long_trace(profile, tmp_path):
     other = json.loads(profile.read_text())
     other["device"]["id"] = "gpu:Apple M9 Ultra"

@@ -49,7 +49,7 @@ def inputs(tmp_path_factory):
                  "--policy", "fifo", "eager", "chunked", "--budget", "32", "128", "512", "--no-progress",
                  "--slo", "decode_gap_p95_ms<=60", "-o", str(tmp / "sweep"), "--logs", "2"]) == 0
     assert main(["simulate", "--trace", "metile", "--prompt-len", "256", "--output-len", "16", "--policy",
-                 "chunked", "--budget", "64", "--json-out", str(tmp / "sim.json")]) == 0
+                 "chunked", "--budget", "64", "--json-out", str(tmp / "sim.json"), "--log-out", str(tmp / "sim.npz")]) == 0
 
     prof = load_profile(BUILTIN)
     cost = cost_model(prof)
@@ -163,7 +163,7 @@ def test_report_never_overwrites_and_errors_are_one_line(inputs, tmp_path, capsy
 
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    for args, message in [([], "nothing to report"), (["--confirm", str(bad)], "not valid JSON"),
+    for args, message in [([], "nothing to report"), (["--confirm", str(bad)], "not JSON"),
                           (["--sweep", str(tmp_path / "nope")], "no such directory"),
                           (["--simulate", str(inputs / "confirm.json")], "no 'log'")]:
         capsys.readouterr()

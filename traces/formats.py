@@ -19,7 +19,6 @@ and live in one place (`read`):
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ from typing import TextIO
 
 import numpy as np
 
+from sim.inputs import JSONInputError, loads, not_text, open_text
+from traces import schema
 from traces.generators import gamma_gaps
 from traces.trace import Request, TraceError, json_objects
 
@@ -73,31 +74,19 @@ class Format:
 # Field parsers: fast on good input, one clear line on bad input.
 
 def parse_count(text: str, what: str, r: Reading, line: int) -> int:
-    """A token count: a whole number >= 0 (a float spelling such as `12.0` is accepted)."""
+    """A token count written as text: a whole number in [0, MAX_TOKENS] (`12.0` accepted; `traces.schema`)."""
     try:
-        v = int(text)
-    except ValueError:
-        try:
-            f = float(text)
-        except ValueError:
-            raise r.error(line, f"{what} {text.strip()!r} is not a number") from None
-        if not f.is_integer():
-            raise r.error(line, f"{what} {text.strip()!r} is not a whole number") from None
-        v = int(f)
-    if v < 0:
-        raise r.error(line, f"negative {what} ({v})")
-    return v
+        return schema.text_count(text, what)
+    except schema.FieldError as e:
+        raise r.error(line, str(e)) from None
 
 
 def parse_seconds(text: str, what: str, r: Reading, line: int, scale: float = 1.0) -> float:
-    """A numeric time stamp, finite, in seconds after multiplying by `scale`."""
+    """A numeric time stamp written as text, finite, in seconds after multiplying by `scale`."""
     try:
-        v = float(text)
-    except (TypeError, ValueError):
-        raise r.error(line, f"{what} {str(text).strip()!r} is not a number") from None
-    if not math.isfinite(v):
-        raise r.error(line, f"{what} {str(text).strip()!r} is not finite")
-    return v * scale
+        return schema.text_seconds(text, what, scale)
+    except schema.FieldError as e:
+        raise r.error(line, str(e)) from None
 
 
 def parse_timestamp(text: str) -> datetime:
@@ -292,13 +281,14 @@ def read_mooncake(f: TextIO, r: Reading) -> Iterator[Record]:
         except KeyError as e:
             raise r.error(line, f"missing field {e.args[0]!r}") from None
         hashes = obj.get("hash_ids")
-        if hashes is not None:
-            if not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
-                raise r.error(line, "hash_ids must be a list of whole numbers")
-            hashes = tuple(hashes)
-        yield (line, index, parse_seconds(ts, "timestamp", r, line, scale=1e-3),
-               parse_count(str(n_in), "input_length", r, line), parse_count(str(n_out), "output_length", r, line),
-               hashes)
+        try:
+            if hashes is not None:
+                hashes = schema.whole_numbers(hashes, "hash_ids", -(1 << 63))
+            record = (line, index, schema.seconds(ts, "timestamp", scale=1e-3), schema.count(n_in, "input_length"),
+                      schema.count(n_out, "output_length"), hashes)
+        except schema.FieldError as e:
+            raise r.error(line, str(e)) from None
+        yield record
         index += 1
 
 
@@ -338,21 +328,29 @@ def format_name(name: str) -> str:
 def detect(path: str | Path) -> str:
     """The format of `path`, told from its first non-blank line (a CSV header or a JSON object)."""
     path = Path(path)
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        line, first = next(((n, text) for n, text in enumerate(f, 1) if text.strip()), (0, None))
+    with open_text(path, "trace", TraceError, newline="") as f:
+        try:
+            line, first = next(((n, text) for n, text in enumerate(f, 1) if text.strip()), (0, None))
+        except UnicodeDecodeError as e:
+            raise not_text(path, "trace", e, TraceError) from None
     if first is None:
         raise TraceError(f"{path}: empty file")
     if first.lstrip().startswith("{"):
         return _detect_json(first, path, line)
-    header = next(csv.reader([first]))
+    try:
+        header = next(csv.reader([first]))
+    except csv.Error as e:
+        raise TraceError(f"{path} line {line}: not a CSV header ({e})") from None
     return _detect_csv(header, path, line)
 
 
 def _detect_json(first: str, path: Path, line: int) -> str:
     try:
-        obj = json.loads(first)
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{path} line {line}: not JSON ({e.msg})") from None
+        obj = loads(first)
+    except JSONInputError as e:
+        raise TraceError(f"{path} line {line}: {e}") from None
+    if not isinstance(obj, dict):
+        raise TraceError(f"{path} line {line}: expected a JSON object")
     if "meta" in obj or "arrival" in obj or "prompt_len" in obj:
         return PDSIM
     if {"input_length", "output_length", "hash_ids"} & obj.keys():
@@ -410,8 +408,8 @@ def read(path: str | Path, fmt: str, start: float = 0.0, end: float | None = Non
     zero_prompt = zero_output = 0
     rows = 0
     to_end = True
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        for line, index, t, p, o, hashes in spec.reader(f, r):
+    with open_text(path, "trace", TraceError, newline="") as f:
+        for line, index, t, p, o, hashes in _guarded(spec.reader(f, r), r):
             rows += 1
             if t0 is None:
                 t0 = t
@@ -452,6 +450,20 @@ def read(path: str | Path, fmt: str, start: float = 0.0, end: float | None = Non
         meta["clamped_zero"] = {"prompt": zero_prompt, "output": zero_output}
     return reqs, meta
 
+
+
+def _guarded(records: Iterator[Record], r: Reading) -> Iterator[Record]:
+    """A reader's records; a row the csv module cannot read (a field over its 128 KiB limit, a NUL
+    byte) or bytes that are not UTF-8 become one line naming the file and where."""
+    line = 1  # the header
+    try:
+        for rec in records:
+            line = rec[0]
+            yield rec
+    except csv.Error as e:  # the row after the last one read
+        raise TraceError(f"{r.path} line {line + 1}: not a readable CSV row ({e})") from None
+    except UnicodeDecodeError as e:
+        raise not_text(r.path, "trace", e, TraceError, line + 1) from None
 
 
 def _dropped_text(dropped: dict) -> str:

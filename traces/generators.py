@@ -4,13 +4,17 @@ Every generator is deterministic in its seed, and records its parameters in the 
 """
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
 
+from traces.schema import MAX_TOKENS
 from traces.trace import Request, Trace, TraceError
 
 QWEN3_VOCAB = 151936
+MAX_REQUESTS = 10_000_000  # a generated trace larger than this is a typo, not a workload
+MAX_WITH_IDS = 100_000  # tinyllm draws every prompt token id: 100,000 requests of 512 tokens is 51 M ids
 
 # The one statement of the convention; help texts and docs point here.
 BURSTINESS_HELP = ("the gamma shape of the inter-arrival gaps, vLLM's convention: 1 = Poisson, below 1 burstier "
@@ -35,6 +39,7 @@ def tinyllm(num_seqs: int = 8, min_in: int = 64, max_in: int = 512, min_out: int
     Draw order per request (prompt length, output budget, then the prompt ids) follows the seed's
     benchmark, so seed 0 gives prompt lengths 496, 376, 510, 270, 181, 127, 342, 164.
     """
+    _check_count("tinyllm trace", num_seqs, MAX_WITH_IDS)
     _check_range("prompt length", min_in, max_in)
     _check_range("output length", min_out, max_out)
     rng = random.Random(seed)
@@ -71,6 +76,8 @@ def metile_ab(prompt_len: int = 4096, output_len: int = 1024, seed: int = 0) -> 
     A's prefill and first token happen before the clock starts, so A has `output_len - 1` timed
     outputs and B has `output_len`, as in the seed (2,047 timed outputs for 1,024 each).
     """
+    _check_range("prompt length", prompt_len, prompt_len)
+    _check_range("output length", output_len, output_len)
     return fixed([0.0, 0.0], [prompt_len, prompt_len], [output_len, output_len], seed,
                  ids=["A", "B"], prefilled=["A"])
 
@@ -85,12 +92,11 @@ def gamma(num_requests: int = 100, rate: float = 1.0, burstiness: float = 1.0, m
           max_in: int = 512, min_out: int = 32, max_out: int = 128, seed: int = 0,
           source: str = "gamma") -> Trace:
     """Gamma inter-arrivals with mean 1/rate and shape `burstiness` (`gamma_gaps`: vLLM's convention)."""
-    if rate <= 0:
-        raise TraceError(f"{source} trace: rate must be > 0 requests/s, got {rate}")
-    if burstiness <= 0:
-        raise TraceError(f"{source} trace: burstiness must be > 0, got {burstiness}")
-    if num_requests < 1:
-        raise TraceError(f"{source} trace: need at least 1 request, got {num_requests}")
+    if not (math.isfinite(rate) and rate > 0):
+        raise TraceError(f"{source} trace: rate must be a finite number > 0 requests/s, got {rate}")
+    if not (math.isfinite(burstiness) and burstiness > 0):
+        raise TraceError(f"{source} trace: burstiness must be a finite number > 0, got {burstiness}")
+    _check_count(f"{source} trace", num_requests, MAX_REQUESTS)
     _check_range("prompt length", min_in, max_in)
     _check_range("output length", min_out, max_out)
     rng = np.random.default_rng(seed)
@@ -106,6 +112,13 @@ def gamma(num_requests: int = 100, rate: float = 1.0, burstiness: float = 1.0, m
 def _check_range(what: str, lo: int, hi: int) -> None:
     if lo < 1 or hi < lo:
         raise TraceError(f"{what} range {lo}..{hi} is empty or below 1")
+    if hi > MAX_TOKENS:
+        raise TraceError(f"{what} range {lo}..{hi}: at most {MAX_TOKENS:,} tokens (beyond any model's context)")
+
+
+def _check_count(what: str, n: int, most: int) -> None:
+    if not 1 <= n <= most:
+        raise TraceError(f"{what}: the number of requests must be 1 to {most:,}, got {n}")
 
 
 GENERATORS = {"tinyllm": tinyllm, "poisson": poisson, "gamma": gamma, "metile": metile_ab}

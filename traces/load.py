@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
+
+from sim.inputs import check_file
 
 from traces.formats import FORMATS, PDSIM, detect, format_name, read
 from traces.generators import GENERATORS
@@ -19,9 +22,7 @@ def load_file(path: str | Path, fmt: str | None = None, shaping: Shaping | None 
     as far as needed; the result equals shaping the fully loaded trace (only the `rows_read` and
     `read_to_end` figures in the metadata tell the difference).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"trace {path}: no such file")
+    path = check_file(path, "trace", TraceError)
     if path.stat().st_size == 0:
         raise TraceError(f"trace {path}: empty file")
     name = format_name(fmt) if fmt else detect(path)
@@ -49,8 +50,8 @@ def accepted_options(spec: str, fmt: str | None = None) -> tuple[str, ...]:
     options (`seed` only where the format draws arrivals); anything else given would be ignored."""
     if spec in GENERATORS:
         return tuple(n for n in inspect.signature(GENERATORS[spec]).parameters if n not in _NOT_OPTIONS)
-    if not Path(spec).is_file():
-        raise TraceError(f"trace {spec!r}: neither a file nor a generator ({', '.join(GENERATORS)})")
+    _exists(spec)
+    check_file(spec, "trace", TraceError)
     name = format_name(fmt) if fmt else detect(spec)
     if name == PDSIM:
         return ()
@@ -73,6 +74,16 @@ def resolve(spec: str, fmt: str | None = None, shaping: Shaping | None = None, *
             raise TraceError(f"trace {spec!r}: option(s) {', '.join(extra)} do not apply to the {spec} generator "
                              f"(it takes {', '.join(takes)})")
         return apply(GENERATORS[spec](**options), shaping)
-    if not Path(spec).exists():
-        raise TraceError(f"trace {spec!r}: neither a file nor a generator ({', '.join(GENERATORS)})")
+    _exists(spec)
     return load_file(spec, fmt, shaping, **options)
+
+
+def _exists(spec: str) -> None:
+    """A `--trace` value that names neither a generator nor anything on disk (`check_file` then
+    says what is wrong with a path that does exist: a folder, a FIFO, a file it may not read)."""
+    try:
+        os.lstat(spec)
+    except PermissionError:
+        return  # `check_file` says so
+    except OSError:
+        raise TraceError(f"trace {spec!r}: neither a file nor a generator ({', '.join(GENERATORS)})") from None

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from sim.files import atomic_write_text
+from sim.inputs import JSONInputError, loads, not_text, open_text
+from traces import schema
 
 
 class TraceError(ValueError):
     """Bad trace input; the message names the file, the row and the problem."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Request:
     id: str
     arrival: float  # seconds from the trace start
@@ -45,12 +48,12 @@ class Request:
 
 def check_request(r: Request, where: str) -> None:
     """Raise TraceError naming `where` if the request cannot be replayed."""
-    if not r.arrival >= 0:
-        raise TraceError(f"{where}: arrival must be >= 0 seconds, got {r.arrival}")
-    if r.prompt_len < 1:
-        raise TraceError(f"{where}: prompt length must be >= 1, got {r.prompt_len}")
-    if r.output_len < 1:
-        raise TraceError(f"{where}: output length must be >= 1, got {r.output_len}")
+    if not (r.arrival >= 0 and math.isfinite(r.arrival)):
+        raise TraceError(f"{where}: arrival must be a finite number of seconds >= 0, got {r.arrival}")
+    if not 1 <= r.prompt_len <= schema.MAX_TOKENS:
+        raise TraceError(f"{where}: prompt length must be 1 to {schema.MAX_TOKENS:,} tokens, got {r.prompt_len}")
+    if not 1 <= r.output_len <= schema.MAX_TOKENS:
+        raise TraceError(f"{where}: output length must be 1 to {schema.MAX_TOKENS:,} tokens, got {r.output_len}")
     if r.prefilled and r.output_len < 2:
         raise TraceError(f"{where}: a prefilled request needs an output length >= 2")
     if r.prompt_ids is not None and len(r.prompt_ids) != r.prompt_len:
@@ -79,8 +82,17 @@ class Trace:
         return len(self.requests)
 
     def sha256(self) -> str:
-        text = json.dumps([r.to_dict() for r in self.requests], sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()
+        """The protocol's hash of the request list, fed in pieces: the same digest as hashing
+        `json.dumps(requests, sort_keys=True, separators=(",", ":"))` whole, without ever holding
+        that text (hundreds of megabytes for a week-long trace)."""
+        h = hashlib.sha256(b"[")
+        dump = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+        reqs = self.requests
+        for i in range(0, len(reqs), 4096):
+            piece = ",".join(dump(r.to_dict()) for r in reqs[i:i + 4096])
+            h.update(((","  if i else "") + piece).encode())
+        h.update(b"]")
+        return h.hexdigest()
 
     def to_dict(self) -> dict:
         return {"meta": self.meta, "sha256": self.sha256(), "requests": [r.to_dict() for r in self.requests]}
@@ -98,47 +110,69 @@ class Trace:
 
 
 def request_from_dict(row: dict, where: str) -> Request:
+    """A request from one row of pdsim's JSONL (or a report's trace), through `traces.schema`."""
+    if not isinstance(row, dict):
+        raise TraceError(f"{where}: expected a JSON object")
     try:
-        ids = row.get("prompt_ids")
-        hashes = row.get("hash_ids")
-        r = Request(id=str(row["id"]), arrival=float(row["arrival"]), prompt_len=int(row["prompt_len"]),
-                    output_len=int(row["output_len"]),
-                    prompt_ids=None if ids is None else tuple(int(t) for t in ids),
-                    hash_ids=None if hashes is None else tuple(int(h) for h in hashes),
-                    prefilled=bool(row.get("prefilled", False)))
-    except KeyError as e:
-        raise TraceError(f"{where}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise TraceError(f"{where}: bad value ({e})") from None
+        missing = next((k for k in ("id", "arrival", "prompt_len", "output_len") if k not in row), None)
+        if missing:
+            raise TraceError(f"{where}: missing field {missing!r}")
+        ids, hashes = row.get("prompt_ids"), row.get("hash_ids")
+        r = Request(id=schema.request_id(row["id"]), arrival=schema.seconds(row["arrival"], "arrival"),
+                    prompt_len=schema.count(row["prompt_len"], "prompt_len"),
+                    output_len=schema.count(row["output_len"], "output_len"),
+                    prompt_ids=None if ids is None else schema.whole_numbers(ids, "prompt_ids", 0, (1 << 31) - 1),
+                    hash_ids=None if hashes is None else schema.whole_numbers(hashes, "hash_ids", -(1 << 63)),
+                    prefilled=schema.flag(row.get("prefilled", False), "prefilled"))
+    except schema.FieldError as e:
+        raise TraceError(f"{where}: {e}") from None
     check_request(r, where)
     return r
 
 
 def json_objects(lines: Iterable[str], path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every non-blank line; a TraceError naming the line otherwise."""
-    for n, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{path} line {n}: not JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise TraceError(f"{path} line {n}: expected a JSON object")
-        yield n, obj
+    """(line number, object) for every non-blank line; a TraceError naming the line otherwise
+    (strict JSON: no NaN or Infinity, bounded nesting; text that is not UTF-8 named as such)."""
+    n = 0
+    try:
+        for n, text in enumerate(lines, 1):
+            if not text.strip():
+                continue
+            try:
+                obj = loads(text)
+            except JSONInputError as e:
+                raise TraceError(f"{path} line {n}: {e}") from None
+            if not isinstance(obj, dict):
+                raise TraceError(f"{path} line {n}: expected a JSON object")
+            yield n, obj
+    except UnicodeDecodeError as e:
+        raise not_text(path, "trace", e, TraceError, n + 1) from None
 
 
 def load_jsonl(path: str | Path) -> Trace:
-    """Read a trace saved by `Trace.save_jsonl`."""
+    """Read a trace saved by `Trace.save_jsonl`. Every error names this file and its line, even
+    where the header's `source` names the file the trace was converted from."""
     path = Path(path)
     meta: dict = {}
-    rows: list[dict] = []
-    with open(path) as f:
+    rows: list[Request] = []
+    seen: set[str] = set()
+    last = 0.0
+    with open_text(path, "trace", TraceError) as f:
         for n, obj in json_objects(f, path):
-            if "meta" in obj and n == 1:
+            if "meta" in obj and not rows and not seen:
+                if not isinstance(obj["meta"], dict):
+                    raise TraceError(f"{path} line {n}: the header's meta must be a JSON object")
                 meta = dict(obj["meta"])
                 continue
-            rows.append(request_from_dict(obj, f"{path} line {n}"))
+            where = f"{path} line {n}"
+            r = request_from_dict(obj, where)
+            if r.arrival < last:
+                raise TraceError(f"{where}: arrivals not sorted ({r.arrival} after {last})")
+            if r.id in seen:
+                raise TraceError(f"{where}: duplicate request id {r.id!r}")
+            seen.add(r.id)
+            last = r.arrival
+            rows.append(r)
     if not rows:
         raise TraceError(f"{path}: no requests")
     meta.setdefault("source", str(path))

@@ -5,9 +5,13 @@ import argparse
 import time
 from pathlib import Path
 
+from sim.commands.common import seed_int, whole
 from sim.errors import InputError
+from sim.files import check_output
+from traces.schema import MAX_TOKENS
 
 NEEDS_MLX = True
+MAX_BATCH = 1024  # decode batch sizes a grid may time
 
 
 def add_parser(sub) -> None:
@@ -24,13 +28,15 @@ def add_parser(sub) -> None:
                    help="with --engine mlx-lm: time an mlx-lm version the mlx-lm policy was not checked against")
     p.add_argument("--quick", action="store_true", help="the quick grid (minutes on a laptop CPU)")
     p.add_argument("--grid", choices=["quick", "full", "tiny"], help="grid to time (default full; --quick = quick)")
-    p.add_argument("--chunks", type=int, nargs="+", help="override the grid's prefill chunk sizes")
-    p.add_argument("--offsets", type=int, nargs="+", help="override the grid's prefill cache offsets")
-    p.add_argument("--batches", type=int, nargs="+", help="override the grid's decode batch sizes")
-    p.add_argument("--contexts", type=int, nargs="+", help="override the grid's decode context lengths")
-    p.add_argument("--repeats", type=int, help="override the rounds: how often each point is timed, each round "
-                                                "visiting every point once in a fresh shuffled order")
-    p.add_argument("--seed", type=int, default=0, help="seed of the point order and the held-out split")
+    tokens = whole(1, MAX_TOKENS)
+    p.add_argument("--chunks", type=tokens, nargs="+", help="override the grid's prefill chunk sizes")
+    p.add_argument("--offsets", type=whole(0, MAX_TOKENS), nargs="+", help="override the grid's prefill cache offsets")
+    p.add_argument("--batches", type=whole(1, MAX_BATCH, " requests in one decode"), nargs="+",
+                   help="override the grid's decode batch sizes")
+    p.add_argument("--contexts", type=tokens, nargs="+", help="override the grid's decode context lengths")
+    p.add_argument("--repeats", type=whole(1, 1000), help="override the rounds: how often each point is timed, each "
+                                                          "round visiting every point once in a fresh shuffled order")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the point order and the held-out split")
     p.add_argument("--overwrite", action="store_true", help="replace an existing profile")
     p.add_argument("--add-rounds", metavar="PROFILE",
                    help="time more rounds (--repeats of them, default the grid's) of an existing calibration's "
@@ -60,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
 
     from calibrate.calibration import add_rounds, calibrate, from_runs, refit
     from calibrate.grid import GRIDS
+    sources = [args.refit, args.add_rounds, *(args.from_runs or [])]
+    if args.out:  # before any work: an existing profile, an input, a folder that cannot be written
+        check_output(args.out, args.overwrite, sources, what="profile")
     if args.from_runs:
         if not args.out:
             raise InputError("--from-runs needs -o for the refitted profile")
@@ -77,9 +86,6 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--steps goes with --add-rounds")
     overrides = {k: getattr(args, k) for k in ("chunks", "offsets", "batches", "contexts", "repeats")
                  if getattr(args, k) is not None}
-    for k, v in overrides.items():
-        if any(x < (0 if k == "offsets" else 1) for x in (v if isinstance(v, list) else [v])):
-            raise InputError(f"--{k} {v}: values must be >= {0 if k == 'offsets' else 1}")
     if args.add_rounds:
         if not args.out:
             raise InputError("--add-rounds needs -o for the profile with the added rounds")

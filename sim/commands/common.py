@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import policies
@@ -9,38 +10,67 @@ from sim.costmodel import BUILTIN, check_profile_matches, cost_model, load_profi
 from sim.errors import InputError
 from sim.metrics import Slo, parse_slo
 from sim.settings import MLX_LM_DEFAULTS, grid_settings, unique
-from traces.generators import BURSTINESS_HELP, GENERATORS
+from traces.generators import BURSTINESS_HELP, GENERATORS, MAX_REQUESTS, MAX_WITH_IDS
 from traces.load import accepted_options, resolve
+from traces.schema import MAX_TOKENS
 from traces.trace import Trace
 
 
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+# Every argument is checked by its type when argparse reads it, before the first second of work:
+# a number is finite, and a count has an upper bound past which it can only be a typo (a run of
+# 10^20 warm-ups, or 10^20 requests, would run on with no output).
+MAX_COUNT = 1 << 53  # the largest whole number a float (and JSON) holds exactly
 
 
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
+def whole(lo: int = 1, hi: int = MAX_COUNT, why: str = ""):
+    """An argparse type: a whole number in [lo, hi]."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {v}")
+        if v > hi:
+            raise argparse.ArgumentTypeError(f"must be <= {hi:,}{why}, got {text}")
+        return v
+    parse.__name__ = "whole number"
+    return parse
+
+
+positive_int = whole(1)
+seed_int = whole(0, (1 << 63) - 1)  # numpy's generators take seeds >= 0
+
+
+def finite_float(lo: float = 0.0, strict: bool = True):
+    """An argparse type: a finite number > lo (or >= lo with strict=False)."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if v < lo or (strict and v == lo):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {lo:g}, got {text}")
+        return v
+    parse.__name__ = "number"
+    return parse
+
+
+positive_float = finite_float(0.0)
+nonnegative_float = finite_float(0.0, strict=False)
 
 
 def positive_fraction(text: str) -> float:
-    """A number > 0, also written as a fraction (`1/3`)."""
+    """A finite number > 0, also written as a fraction (`1/3`)."""
     num, slash, den = text.partition("/")
     try:
         v = float(num) / float(den) if slash else float(text)
     except (ValueError, ZeroDivisionError):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (or a fraction such as 1/3)") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     if not v > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return v
@@ -50,17 +80,19 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("trace")
     g.add_argument("--trace", default="tinyllm",
                    help="a generator (tinyllm, poisson, gamma, metile) or a trace file (default: tinyllm)")
-    g.add_argument("--num-seqs", type=positive_int, help="tinyllm: number of requests (default 8)")
-    g.add_argument("--num-requests", type=positive_int, help="poisson/gamma: number of requests")
+    g.add_argument("--num-seqs", type=whole(1, MAX_WITH_IDS, " (tinyllm draws every prompt token)"),
+                   help="tinyllm: number of requests (default 8)")
+    g.add_argument("--num-requests", type=whole(1, MAX_REQUESTS), help="poisson/gamma: number of requests")
     g.add_argument("--rate", type=positive_float, help="poisson/gamma: requests per second")
     g.add_argument("--burstiness", type=positive_fraction, help="gamma: " + BURSTINESS_HELP)
-    g.add_argument("--min-in", type=positive_int)
-    g.add_argument("--max-in", type=positive_int)
-    g.add_argument("--min-out", type=positive_int)
-    g.add_argument("--max-out", type=positive_int)
-    g.add_argument("--prompt-len", type=positive_int, help="metile: prompt tokens of A and B")
-    g.add_argument("--output-len", type=positive_int, help="metile: outputs of A and B")
-    g.add_argument("--seed", type=int, help="generator seed (default 0)")
+    tokens = whole(1, MAX_TOKENS, " tokens (beyond any model's context)")
+    g.add_argument("--min-in", type=tokens)
+    g.add_argument("--max-in", type=tokens)
+    g.add_argument("--min-out", type=tokens)
+    g.add_argument("--max-out", type=tokens)
+    g.add_argument("--prompt-len", type=tokens, help="metile: prompt tokens of A and B")
+    g.add_argument("--output-len", type=tokens, help="metile: outputs of A and B")
+    g.add_argument("--seed", type=seed_int, help="generator seed (default 0)")
     f = p.add_argument_group("trace file (any supported format; see `pdsim traces info --help`)")
     f.add_argument("--format", metavar="NAME", help="the file's format, if not detected from its header")
     f.add_argument("--arrivals", choices=["poisson", "gamma"], help="length-only CSVs: arrival process")
@@ -74,8 +106,8 @@ def add_shaping_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--first", type=positive_int, metavar="N", help="keep the first N requests")
     s.add_argument("--sample", type=positive_int, metavar="N", help="keep N requests drawn at random (--seed)")
     s.add_argument("--speed", type=positive_float, metavar="K", help="replay K times as fast (arrivals / K)")
-    s.add_argument("--max-prompt", type=positive_int, metavar="N", help="cut prompts to at most N tokens")
-    s.add_argument("--max-output", type=positive_int, metavar="N", help="cut output budgets to at most N tokens")
+    s.add_argument("--max-prompt", type=whole(1, MAX_TOKENS), metavar="N", help="cut prompts to at most N tokens")
+    s.add_argument("--max-output", type=whole(1, MAX_TOKENS), metavar="N", help="cut output budgets to at most N tokens")
 
 
 def _window(text: str):
@@ -206,14 +238,36 @@ def add_profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", help="cost profile JSON from `pdsim calibrate` (default: the built-in "
                                      "illustrative profile, shaped like Qwen3-0.6B on an Apple M4 Pro)")
     p.add_argument("--model", help="refuse a profile made for another model")
+    p.add_argument("--device", metavar="ID", help="refuse a profile measured on another device (its device id, "
+                                                  "as `pdsim calibrate` writes it, e.g. cpu:Intel Xeon:2:SKYLAKEX)")
     p.add_argument("--force", action="store_true", help="use a profile for another model or device anyway")
 
 
 def profile_from_args(args: argparse.Namespace) -> dict:
     prof = load_profile(args.profile or BUILTIN)
-    for w in check_profile_matches(prof, getattr(args, "model", None), force=getattr(args, "force", False)):
+    device = getattr(args, "device", None)
+    for w in check_profile_matches(prof, getattr(args, "model", None), device, force=getattr(args, "force", False)):
         print(f"warning: {w}")
+    if device and not prof["device"].get("id"):
+        raise InputError(f"--device {device}: profile {prof['_path']} names no device id to check it against")
     return prof
+
+
+def check_traces_fit(prof: dict, traces: dict[str, Trace]) -> None:
+    """Refuse a trace whose requests need more context than the profile's model holds: the cost
+    model would price attention over positions the model does not have, without a word."""
+    limit = prof["model"].get("max_context")
+    if not limit:
+        return
+    for name, trace in traces.items():
+        need = [r.prompt_len + r.output_len for r in trace.requests]
+        longest = max(need)
+        if longest > limit:
+            r = trace.requests[need.index(longest)]
+            raise InputError(f"trace {trace.meta.get('source', name)}: request {r.id} needs {longest:,} tokens of "
+                             f"context ({r.prompt_len:,} prompt + {r.output_len:,} output); profile "
+                             f"{prof['_path']} is for {prof['model']['name']}, which holds {limit:,} "
+                             f"(cut the trace with --max-prompt / --max-output)")
 
 
 def cost_from_args(args: argparse.Namespace):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sim.commands.common import (add_policy_args, add_trace_args, positive_float, positive_int,
-                                 settings_from_args, trace_from_args)
+from sim.commands.common import (add_policy_args, add_trace_args, finite_float, positive_float, settings_from_args,
+                                 trace_from_args, whole)
 
 NEEDS_MLX = True
 
@@ -24,9 +24,10 @@ def add_parser(sub) -> None:
                    help="run mlx-lm settings with an mlx-lm version the mlx-lm policy was not checked against")
     add_trace_args(p)
     add_policy_args(p, many=True)
-    p.add_argument("--repeats", type=positive_int, default=4, help="fresh-process runs per setting (default 4)")
-    p.add_argument("--warmup", type=int, default=1, help="warm-up passes inside each process (default 1)")
-    p.add_argument("--cooldown", type=float, default=0.0, help="seconds to rest between runs")
+    p.add_argument("--repeats", type=whole(1, 1000), default=4, help="fresh-process runs per setting (default 4)")
+    p.add_argument("--warmup", type=whole(0, 100), default=1, help="warm-up passes inside each process (default 1)")
+    p.add_argument("--cooldown", type=finite_float(0.0, strict=False), default=0.0,
+                   help="seconds to rest between runs (default 0)")
     p.add_argument("--stall-ms", type=positive_float, default=100.0)
     p.add_argument("--tolerance", type=positive_float,
                    help="exit 1 if any |relative error| exceeds this (e.g. 0.1)")

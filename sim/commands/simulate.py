@@ -1,17 +1,26 @@
-"""`pdsim simulate`: replay one trace under one setting and print its metrics."""
+"""`pdsim simulate`: replay one trace under one setting and print its metrics.
+
+The run is scored as it goes (`sim.scored_log`), so a trace of any length replays in memory
+that does not grow with its engine calls; the event log is kept only when asked (`--log-out`,
+a columnar file), never inside the JSON of `--json-out`.
+"""
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
 
 import policies
-from sim.commands.common import (add_policy_args, add_profile_args, add_slo_args, add_trace_args, cost_from_args,
-                                 settings_from_args, slo_from_args, trace_from_args)
-from sim.files import atomic_write_json
+from sim.commands.common import (add_policy_args, add_profile_args, add_slo_args, add_trace_args, check_traces_fit,
+                                 cost_from_args, settings_from_args, slo_from_args, trace_from_args)
+from sim.files import atomic_write_json, check_output
 from sim.metric_registry import METRICS, SUMMARY
-from sim.metrics import request_rows, score
-from sim.replay import simulate
+from sim.scored_log import simulate_scored
 from sim.settings import setting_label
 from sim.table import table
+from sim.tally import ESTIMATE_NOTE, RequestTable
+
+SHOWN_REQUESTS = 12  # a trace this short gets its per-request table printed
 
 
 def add_parser(sub) -> None:
@@ -21,32 +30,71 @@ def add_parser(sub) -> None:
     add_policy_args(p)
     add_profile_args(p)
     add_slo_args(p)
-    p.add_argument("--json-out", help="write metrics, per-request rows and the event log here (JSON)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --json-out file")
+    p.add_argument("--json-out", help="write the setting, trace, profile and metrics here (JSON)")
+    p.add_argument("--log-out", metavar="FILE.npz",
+                   help="keep the event log: every call and token, and per-request figures, in a columnar file "
+                        "(numpy .npz; `sim.logfile.read_log` or `pdsim report --simulate` read it)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing --json-out / --log-out files")
 
 
 def run(args: argparse.Namespace) -> int:
+    inputs = [args.trace, args.profile]
+    for out in (args.json_out, args.log_out):
+        if out:
+            check_output(out, args.overwrite, inputs)
+    if args.json_out and args.log_out and Path(args.json_out).resolve() == Path(args.log_out).resolve():
+        raise_same(args.json_out)
     trace = trace_from_args(args)
     (setting,) = settings_from_args(args)
     prof, cost = cost_from_args(args)
-    log = simulate(trace, policies.make(**setting), cost)
+    check_traces_fit(prof, {"trace": trace})
     slo = slo_from_args(args)
-    m = score(log, slo, args.stall_ms)
-    print(f"trace {trace.meta.get('source')} ({len(trace)} requests, sha256 {trace.sha256()[:12]}), "
+    sha = trace.sha256()
+    writer = None
+    if args.log_out:
+        from sim.logfile import LogWriter
+        writer = LogWriter(args.log_out, RequestTable.of(trace.requests), args.overwrite)
+    try:
+        tally = simulate_scored(trace, policies.make(**setting), cost, slo, args.stall_ms,
+                                keep_rows=len(trace) <= SHOWN_REQUESTS or writer is not None, writer=writer)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    m, estimated = tally.result(), tally.estimated()
+    print(f"trace {trace.meta.get('source')} ({len(trace)} requests, sha256 {sha[:12]}), "
           f"{setting_label(setting)}, profile {prof['model']['name']} on {prof['device'].get('name', '?')}")
     shown = [k for k in SUMMARY if slo or not METRICS[k].needs_slo]
     print(table([{"metric": k, "value": m[k]} for k in shown], ["metric", "value"]))
-    rows = request_rows(log)
-    if len(rows) <= 12:
-        ms = lambda v: None if v is None else v * 1e3
-        view = [dict(r, ttft=ms(r.get("ttft")), e2el=ms(r.get("e2el")), gap_max=ms(r.get("gap_max")),
-                     gap_p95=ms(r.get("gap_p95"))) for r in rows]
+    if estimated:
+        print(f"note: {ESTIMATE_NOTE} ({', '.join(sorted(k for k in estimated if k in shown)) or 'none shown'})")
+    if len(trace) <= SHOWN_REQUESTS:
         print()
-        print(table(view, ["id", "arrival", "prompt_len", "output_len", "ttft", "gap_p95", "gap_max", "e2el"],
+        print(table(request_view(trace, tally), ["id", "arrival", "prompt_len", "output_len", "ttft", "gap_p95",
+                                                 "gap_max", "e2el"],
                     ["request", "arrival s", "prompt", "output", "ttft ms", "gap p95 ms", "gap max ms", "e2e ms"]))
+    doc = {"setting": setting, "trace": {"meta": trace.meta, "sha256": sha}, "profile": prof.get("_path"),
+           "metrics": m, "estimated": estimated, "log_file": str(args.log_out) if args.log_out else None}
+    if writer is not None:
+        writer.close(doc, tally.rows)
+        print(f"wrote {args.log_out} (event log: {writer.calls:,} calls)")
     if args.json_out:
-        atomic_write_json(args.json_out, {"setting": setting, "trace": {"meta": trace.meta, "sha256": trace.sha256()},
-                                          "profile": prof.get("_path"), "metrics": m, "requests": rows,
-                                          "log": log.to_dict()}, overwrite=args.overwrite)
+        atomic_write_json(args.json_out, doc, overwrite=args.overwrite)
         print(f"wrote {args.json_out}")
     return 0
+
+
+def raise_same(path: str) -> None:
+    from sim.files import OutputError
+    raise OutputError(f"--json-out and --log-out both name {path}; give them different files")
+
+
+def request_view(trace, tally) -> list[dict]:
+    """The per-request table of a short trace, in milliseconds."""
+    rows, out = tally.rows, []
+    ms = lambda v: None if math.isnan(v) else v * 1e3
+    for i, r in enumerate(trace.requests):
+        out.append({"id": r.id, "arrival": r.arrival, "prompt_len": r.prompt_len, "output_len": r.output_len,
+                    "ttft": ms(rows.ttft[i]), "gap_p95": ms(rows.gap_p95[i]), "gap_max": ms(rows.gap_max[i]),
+                    "e2el": ms(rows.e2el[i])})
+    return out

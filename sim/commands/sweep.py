@@ -6,12 +6,13 @@ import os
 from pathlib import Path
 
 from sim import metric_registry as registry
-from sim.commands.common import (add_policy_args, add_profile_args, add_trace_args, cost_from_args,
-                                 positive_float, positive_int, settings_from_args, traces_from_args)
+from sim.commands.common import (add_policy_args, add_profile_args, add_trace_args, check_traces_fit,
+                                 cost_from_args, positive_float, positive_int, settings_from_args, traces_from_args)
+from sim.outdir import OutputFolder
 from sim.pick import Pick, parse_objective
 from sim.sweep import SweepError
-from sim.sweep_results import (SweepPlan, SweepResult, log_points, refuse_existing, results_doc, run_plan,
-                               save_logs, write_results)
+from sim.sweep_results import (RESULT_NAMES, SweepPlan, SweepResult, log_points, results_doc, run_plan, save_logs,
+                               write_results)
 from sim.table import fmt, table
 
 GRID_OPTIONS = ("--trace", "--policy", "--budget", "--batch-size", "--decode", "--order", "--prefill-step",
@@ -79,32 +80,43 @@ def run(args: argparse.Namespace) -> int:
     SweepPlan({}, [], {}, slo=args.slo, objective=args.objective, latency=args.latency)  # names first: a typo
     # is refused before any trace is read
     settings = settings_from_args(args)
-    out = Path(args.out) if args.out else None
-    if out:
-        refuse_existing(out, args.overwrite)
+    if not args.out:
+        return _run(args, settings, None)
+    with OutputFolder(args.out, RESULT_NAMES, args.overwrite, "sweep output folder") as folder:  # before any work
+        return _run(args, settings, folder)
+
+
+def _run(args: argparse.Namespace, settings: list[dict], folder: OutputFolder | None) -> int:
     traces = traces_from_args(args)
     prof, _ = cost_from_args(args)
+    check_traces_fit(prof, traces)
     plan = SweepPlan(traces, settings, prof, args.rate_scale, args.slo, args.objective, args.latency,
                      args.stall_ms, args.top)
     grid_options = {"policy": args.policy, "budget": args.budget, "batch_size": args.batch_size,
                     "decode": args.decode, "order": args.order, "prefill_step": args.prefill_step,
                     "prompt_concurrency": args.prompt_concurrency, "decode_concurrency": args.decode_concurrency,
                     "setting": getattr(args, "setting", None)}
-    execute(plan, out, grid_options, args.logs, args.overwrite, args.workers, args.scheduler,
+    execute(plan, folder, grid_options, args.logs, args.overwrite, args.workers, args.scheduler,
             not args.no_progress, args.connect_timeout)
     return 0
 
 
-def execute(plan: SweepPlan, out: Path | None, grid_options: dict, logs: int = 0, overwrite: bool = False,
-            workers: int | None = None, scheduler: str | None = None, progress: bool = True,
-            connect_timeout: float = 10.0) -> SweepResult:
+def execute(plan: SweepPlan, out: OutputFolder | Path | None, grid_options: dict, logs: int = 0,
+            overwrite: bool = False, workers: int | None = None, scheduler: str | None = None,
+            progress: bool = True, connect_timeout: float = 10.0) -> SweepResult:
     """Run the plan, print the picks, keep the best settings' logs, write the results: `pdsim sweep`
-    after its arguments are read (and `pdsim tune`'s sweep)."""
+    after its arguments are read (and `pdsim tune`'s sweep). `out`: the output folder, open
+    (`sim.outdir.OutputFolder`, locked before the sweep's first second of work) or a path."""
+    if isinstance(out, Path):
+        with OutputFolder(out, RESULT_NAMES, overwrite, "sweep output folder") as folder:
+            return execute(plan, folder, grid_options, logs, overwrite, workers, scheduler, progress, connect_timeout)
     n = len(plan.points())
     where = f"Dask at {scheduler}" if scheduler else f"{min(workers or (os.cpu_count() or 1), n)} local process(es)"
     print(f"sweep: {len(plan.settings)} setting(s) x {len(plan.traces)} trace(s) x {len(plan.rate_scales)} "
           f"rate scale(s) = {n} runs on {where}")
     inputs = plan.inputs()
+    print(f"  profile {plan.profile['model']['name']} on {plan.profile['device'].get('name', '?')}"
+          + (f" ({plan.profile['device']['id']})" if plan.profile['device'].get('id') else ""))
     for name, tr in plan.traces.items():
         print(f"  trace {name}: {len(tr)} requests, sha256 {inputs.sha256[name][:12]}")
     result = run_plan(plan, workers, scheduler, progress, connect_timeout, inputs)
@@ -117,9 +129,10 @@ def execute(plan: SweepPlan, out: Path | None, grid_options: dict, logs: int = 0
     chosen = log_points(result, logs) if logs else []
     if chosen:
         print(f"keeping the event logs of {len(chosen)} setting(s) (re-running them)")
-    kept = save_logs(result, out, chosen, overwrite, workers, scheduler, progress, connect_timeout)
-    write_results(out, results_doc(result, grid_options, where, kept), result.df, overwrite)
-    print(f"\nwrote {out / 'results.csv'}, {out / 'results.json'}" + (f" and {len(kept)} log(s)" if kept else ""))
+    kept = save_logs(result, out.out, chosen, workers, scheduler, progress, connect_timeout, into=out.staging)
+    write_results(out.staging, results_doc(result, grid_options, where, kept), result.df)
+    out.commit(last="results.json")
+    print(f"\nwrote {out.out / 'results.csv'}, {out.out / 'results.json'}" + (f" and {len(kept)} log(s)" if kept else ""))
     return result
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from sim.commands.common import (add_shaping_args, add_trace_args, positive_float, positive_fraction,
+from sim.commands.common import (add_shaping_args, add_trace_args, positive_float, positive_fraction, seed_int,
                                  trace_from_args, traces_from_args)
-from sim.files import dumps
+from sim.files import check_output, dumps
 from sim.table import table
 from traces.formats import FORMATS, format_name
 from traces.generators import BURSTINESS_HELP, GENERATORS
@@ -51,7 +51,7 @@ def add_file_args(p: argparse.ArgumentParser) -> None:
                    help="length-only CSVs: the arrival process to draw (default poisson)")
     r.add_argument("--rate", type=positive_float, help="length-only CSVs: requests per second (default 1)")
     r.add_argument("--burstiness", type=positive_fraction, help="length-only CSVs, gamma arrivals: " + BURSTINESS_HELP)
-    r.add_argument("--seed", type=int, help="seed for drawn arrivals and for --sample (default 0)")
+    r.add_argument("--seed", type=seed_int, help="seed for drawn arrivals and for --sample (default 0)")
     r.add_argument("--burstgpt-model", metavar="NAME", help="BurstGPT: keep only this model (e.g. ChatGPT, GPT-4)")
     r.add_argument("--burstgpt-log", metavar="TYPE", help="BurstGPT: keep only this log type (conversation, api)")
     add_shaping_args(p)
@@ -71,6 +71,8 @@ def file_trace_from_args(args: argparse.Namespace) -> Trace:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "out", None):  # before reading anything: an existing file, the input itself, a folder
+        check_output(args.out, args.overwrite, [getattr(args, "file", None)], what="trace")
     if args.traces_cmd == "gen":
         args.trace = args.kind
         trace = trace_from_args(args)

@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sim.commands.common import whole
+from sim.outdir import OutputFolder
+
 NEEDS_MLX = True
+TUNE_NAMES = ("trace.jsonl", "sweep", "confirm.json", "confirm.json.runs", "report")  # what a tune owns in -o
 
 # Defaults per device kind: the tiny-llm seed's trace, scaled down on a CPU so a tune fits in
 # minutes (prompt lengths, outputs and budgets / 4, the same 8 requests at t=0 and batch size 4).
@@ -50,7 +54,7 @@ def add_parser(sub) -> None:
     p.add_argument("--recalibrate", action="store_true", help="calibrate again even if a cached profile exists")
     p.add_argument("--slo", nargs="+", metavar="CONSTRAINT",
                    help="pick constraints (default: decode_gap_p95_ms <= 2x a full-batch decode step)")
-    p.add_argument("--repeats", type=int, default=3, help="confirm runs per setting (default 3: a median that one noisy run cannot move)")
+    p.add_argument("--repeats", type=whole(1, 1000), default=3, help="confirm runs per setting (default 3: a median that one noisy run cannot move)")
     p.add_argument("--engine", choices=["pdsim", "mlx-lm"], default="pdsim",
                    help="pdsim: tune pdsim's policies on its engine (default); mlx-lm: tune mlx_lm.server's flags "
                         "(--prefill-step-size, --prompt-concurrency, --decode-concurrency) on BatchGenerator itself")
@@ -62,22 +66,10 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import shutil
-    import time
 
-    from calibrate.calibration import calibrate
-    from calibrate.confirm import confirm
-    from calibrate.grid import GRIDS
     from calibrate.host import host_info
     from calibrate.model import QWEN3_CONFIGS
-    from calibrate.profile_paths import default_profile_path
-    from sim.commands import calibrate_cmd, confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
-    from sim.costmodel import ProfileError, check_profile_matches, cost_model, load_profile
     from sim.errors import UserError
-    from sim.pick import Objective
-    from sim.report import make_report
-    from sim.settings import grid_settings, setting
-    from sim.sweep_results import SweepPlan
-    from traces.generators import tinyllm
 
     if args.model not in QWEN3_CONFIGS:
         raise UserError(f"unknown model {args.model!r}; known: {', '.join(QWEN3_CONFIGS)}")
@@ -89,11 +81,33 @@ def run(args: argparse.Namespace) -> int:
         for w in check_version(installed_version(), args.any_mlx_lm):
             print(f"warning: {w}")
     out = Path(args.out or f"runs/tune-{args.model}-{host['kind']}" + ("-mlx-lm" if args.engine == "mlx-lm" else ""))
-    if out.exists():
-        if not args.overwrite:
-            raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or -o another folder)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    if out.exists() and not args.overwrite:
+        raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or -o another folder)")
+    with OutputFolder(out, TUNE_NAMES, args.overwrite, "tune output folder"):  # locked; checked before any work
+        for name in TUNE_NAMES:  # --overwrite removes what an earlier tune wrote, and nothing else
+            old = out / name
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            elif old.exists() or old.is_symlink():
+                old.unlink()
+        return _run(args, out, host, preset)
+
+
+def _run(args: argparse.Namespace, out: Path, host: dict, preset: dict) -> int:
+    import time
+
+    from calibrate.calibration import calibrate
+    from calibrate.confirm import confirm
+    from calibrate.grid import GRIDS
+    from calibrate.profile_paths import default_profile_path
+    from sim.commands import calibrate_cmd, confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
+    from sim.costmodel import ProfileError, check_profile_matches, cost_model, load_profile
+    from sim.pick import Objective
+    from sim.report import make_report
+    from sim.settings import grid_settings, setting
+    from sim.sweep_results import SweepPlan
+    from traces.generators import tinyllm
+
     print(f"pdsim tune: {args.model} on {host['name']} (BLAS: {host['blas']}); output in {out}/")
     print(f"model: {args.model}" + (" — the smallest official Qwen3, so the whole loop fits in minutes on "
                                     "this device" if args.model == "qwen3-0.6b" else ""))

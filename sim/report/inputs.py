@@ -45,23 +45,39 @@ def log_of(d, where: str) -> EventLog:
 
 
 def load_sweep(directory: str | Path) -> Sweep:
-    """results.json of `pdsim sweep` (rows, inputs, picks) and any logs it saved."""
+    """results.json of `pdsim sweep` (rows, inputs, picks) and any logs it saved; refused if a file
+    it names does not have the SHA-256 it recorded (files of two sweeps, or of an interrupted one)."""
+    from sim.logfile import LogFileError, read_log
+    from sim.outdir import file_sha256
     directory = Path(directory)
     if not directory.is_dir():
         raise ReportError(f"sweep {directory}: no such directory")
     doc = _read_json(directory / "results.json", "sweep results")
     if not isinstance(doc.get("rows"), list) or not doc["rows"]:
         raise ReportError(f"sweep results {directory / 'results.json'}: no rows")
+    digests = doc.get("digests") if isinstance(doc.get("digests"), dict) else {}  # (older sweeps recorded none)
+    for name, digest in digests.items():
+        path = directory / name
+        if path.is_file() and file_sha256(path) != digest:
+            raise ReportError(f"sweep {directory}: {name} does not belong to its results.json (it is another "
+                              "sweep's, or a sweep was interrupted while writing); run the sweep again")
     logs = []
     for entry in doc.get("logs", []):
         path = directory / entry["file"]
-        if path.is_file():
+        if not path.is_file():
+            continue
+        if path.suffix == ".npz":
+            try:
+                d, log = read_log(path)
+            except LogFileError as e:
+                raise ReportError(str(e)) from None
+        else:  # sweeps before logs were columnar files
             d = _read_json(path, "sweep log")
-            trace, rate = d.get("trace") or {}, d.get("rate_scale", 1.0)
-            scaled = f" x{rate:g}" if rate != 1 else ""  # arrivals scaled: other traffic
-            logs.append(LogSeries(d["label"], d["setting"]["policy"], "simulated", log_of(d["log"], str(path)),
-                                  trace.get("name", entry.get("trace", "")) + scaled,
-                                  trace.get("sha256", "") + scaled))
+            log = log_of(d["log"], str(path))
+        trace, rate = d.get("trace") or {}, d.get("rate_scale", 1.0)
+        scaled = f" x{rate:g}" if rate != 1 else ""  # arrivals scaled: other traffic
+        logs.append(LogSeries(d["label"], d["setting"]["policy"], "simulated", log,
+                              trace.get("name", entry.get("trace", "")) + scaled, trace.get("sha256", "") + scaled))
     return Sweep(pd.DataFrame(doc["rows"]), doc, logs)
 
 
@@ -79,11 +95,26 @@ def load_confirm(path: str | Path) -> dict:
 
 
 def load_simulate(path: str | Path) -> dict:
-    """The JSON of `pdsim simulate --json-out`."""
-    doc = _read_json(path, "simulate output")
-    if "log" not in doc:
-        raise ReportError(f"simulate output {path}: no 'log' (written by `pdsim simulate --json-out`?)")
-    return doc
+    """What `pdsim simulate` wrote: its `--json-out` (the event log in the `--log-out` file it
+    names, or inline as older versions wrote it), or a `--log-out` file itself. `log` is an EventLog."""
+    from sim.logfile import LogFileError, read_log
+    path = Path(path)
+    try:
+        if path.suffix == ".npz":
+            meta, log = read_log(path)
+            return dict(meta, log=log)
+        doc = _read_json(path, "simulate output")
+        if "log" in doc:
+            return dict(doc, log=log_of(doc["log"], str(path)))
+        if isinstance(doc.get("log_file"), str):
+            file = Path(doc["log_file"])
+            if not file.is_absolute() and not file.exists():
+                file = path.parent / file.name
+            return dict(doc, log=read_log(file)[1])
+    except LogFileError as e:
+        raise ReportError(str(e)) from None
+    raise ReportError(f"simulate output {path}: no 'log' or 'log_file' (keep the event log with "
+                      "`pdsim simulate --log-out FILE.npz`, and give the report that file)")
 
 
 def confirm_logs(doc: dict) -> list[LogSeries]:

@@ -3,8 +3,6 @@ vl-convert), PNGs by the same renderer, and report.json."""
 from __future__ import annotations
 
 import html
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -14,7 +12,8 @@ import altair as alt
 import numpy as np
 
 from sim import metric_registry as registry
-from sim.files import ExistsError, atomic_write_json, atomic_write_text, dumps
+from sim.files import atomic_write_bytes, atomic_write_json, atomic_write_text, dumps
+from sim.outdir import OutputFolder
 from sim.report.charts import (
     calibration_chart,
     confirm_chart,
@@ -108,7 +107,7 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
         s = simulated.get("setting", {})
         label = setting_label(s) if s else "simulate"
         trace = simulated.get("trace") or {}
-        series.append(LogSeries(label, s.get("policy", "?"), "simulated", log_of(simulated["log"], "--simulate"),
+        series.append(LogSeries(label, s.get("policy", "?"), "simulated", simulated["log"],
                                 trace_name(trace.get("meta") or {}), trace.get("sha256", "")))
     if sweep is not None:
         series += sweep.logs
@@ -259,42 +258,31 @@ def png_bytes(chart, scale: float = 2.0) -> bytes:
     return vlc.vegalite_to_png(chart.to_dict(), vl_version=vl_version_for_vl_convert(), scale=scale)
 
 
-def _write_bytes(path: Path, data: bytes, overwrite: bool) -> None:
-    """Like sim.files.atomic_write_text, for a PNG."""
-    if path.exists() and not overwrite:
-        raise ExistsError(f"{path} exists; not overwriting it (pass --overwrite, or choose another path)")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+SECTIONS = ("tradeoff", "gaps", "gap_ecdf", "timeline", "confirm", "confirm_error", "confirm_calls", "calibration")
+REPORT_NAMES = ("report.html", "report.json") + tuple(f"{n}.png" for n in SECTIONS)  # what a report owns in its folder
 
 
-def write_report(out_dir: str | Path, sections: list[Section], inputs: dict, summary: dict,
+def write_report(out_dir: str | Path | OutputFolder, sections: list[Section], inputs: dict, summary: dict,
                  overwrite: bool = False, png: bool = True) -> dict:
-    """report.html, one PNG per chart and report.json into `out_dir`; refuses to overwrite first."""
-    out = Path(out_dir)
-    names = ["report.html", "report.json"] + ([f"{s.name}.png" for s in sections if s.chart is not None] if png else [])
-    if not overwrite:
-        for n in names:
-            if (out / n).exists():
-                raise ExistsError(f"{out / n} exists; not overwriting it (pass --overwrite, or another -o)")
-    out.mkdir(parents=True, exist_ok=True)
+    """report.html, one PNG per chart and report.json into `out_dir`, as one set (`sim.outdir`:
+    locked, staged, moved in with report.json last; an older report's files moved out)."""
+    if not isinstance(out_dir, OutputFolder):
+        with OutputFolder(out_dir, REPORT_NAMES, overwrite, "report folder") as folder:
+            return write_report(folder, sections, inputs, summary, overwrite, png)
+    stage = out_dir.staging
     charts = {}
     for s in sections:
         if s.chart is None:
             continue
         charts[s.name] = {"title": s.title}
         if png:
-            _write_bytes(out / f"{s.name}.png", png_bytes(s.chart), overwrite)
+            atomic_write_bytes(stage / f"{s.name}.png", png_bytes(s.chart))
             charts[s.name]["png"] = f"{s.name}.png"
-    atomic_write_text(out / "report.html", page(sections, inputs), overwrite=overwrite)
+    atomic_write_text(stage / "report.html", page(sections, inputs))
     doc = {"pdsim_report": 1, "inputs": inputs, "charts": charts,
            "skipped": {s.name: s.note for s in sections if s.chart is None and s.note}, "summary": summary}
-    atomic_write_json(out / "report.json", doc, overwrite=overwrite)
+    atomic_write_json(stage / "report.json", doc)
+    out_dir.commit(last="report.json")
     return doc
 
 
@@ -303,6 +291,12 @@ def make_report(out_dir: str | Path, sweep_dir=None, confirm_path=None, profile_
     """Read whichever inputs are given, build every chart they allow, write the report."""
     if not any((sweep_dir, confirm_path, profile_path, simulate_path)):
         raise ReportError("nothing to report: give --sweep DIR, --confirm FILE, --profile FILE or --simulate FILE")
+    with OutputFolder(out_dir, REPORT_NAMES, overwrite, "report folder") as folder:  # before reading anything
+        return _make_report(folder, sweep_dir, confirm_path, profile_path, simulate_path, latency, overwrite, png)
+
+
+def _make_report(folder: OutputFolder, sweep_dir, confirm_path, profile_path, simulate_path, latency, overwrite,
+                 png) -> dict:
     from sim.costmodel import load_profile
     sweep = load_sweep(sweep_dir) if sweep_dir else None
     confirm = load_confirm(confirm_path) if confirm_path else None
@@ -312,4 +306,4 @@ def make_report(out_dir: str | Path, sweep_dir=None, confirm_path=None, profile_
     inputs = {"sweep": str(sweep_dir) if sweep_dir else None, "confirm": str(confirm_path) if confirm_path else None,
               "profile": str(profile_path) if profile_path else None,
               "simulate": str(simulate_path) if simulate_path else None}
-    return write_report(out_dir, sections, inputs, summary, overwrite, png)
+    return write_report(folder, sections, inputs, summary, overwrite, png)
