@@ -16,6 +16,7 @@ from pathlib import Path
 
 from calibrate.calibration import EngineRuns, engine_samples, refuse_existing
 from calibrate.grid import MlxLmGrid
+from calibrate.journal import Journal
 from calibrate.host import host_info
 from calibrate.mlxlm_batches import installed_version
 from calibrate.mlxlm_fit import fit_mlx_lm, iteration_of
@@ -65,15 +66,19 @@ def calibrate_mlx_lm(model: str, grid: MlxLmGrid, out: Path, dtype: str = "float
     need = grid.max_context()
     if need > lm.max_context:
         raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
-    header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source, "device": host["id"],
-              "grid": grid.to_dict(), "seed": seed, "layout": "mlx-lm rounds+engine", "mlx_lm": version}
-    partial = out.with_name(out.name + ".partial.jsonl")
     longest = max(max(p) for p in grid.prompts)
-    runs = EngineRuns(lm, workloads(min(longest + longest // 4, 160), lm.vocab_size), partial, progress)
-    after = runs.schedule(grid.repeats)
-    samples = run_grid(lm, grid, partial, header, seed=seed, progress=progress,
-                       after_round=lambda r: runs.run(after[r]), profiler=MlxLmProfiler(lm, grid))
-    engine = runs.records()
+    loads = workloads(min(longest + longest // 4, 160), lm.vocab_size)
+    # what the partial file's measurements are of: a resume of other work is refused (calibrate.journal)
+    header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source, "device": host["id"],
+              "grid": grid.to_dict(), "seed": seed, "layout": "mlx-lm rounds+engine", "mlx_lm": version,
+              "workloads": {part: [[w.name, w.trace.sha256(), w.setting] for w in ws] for part, ws in loads.items()}}
+    partial = out.with_name(out.name + ".partial.jsonl")
+    with Journal(partial, header) as journal:
+        runs = EngineRuns(lm, loads, journal, progress)
+        after = runs.schedule(grid.repeats)
+        samples = run_grid(lm, grid, journal, seed=seed, progress=progress,
+                           after_round=lambda r: runs.run(after[r]), profiler=MlxLmProfiler(lm, grid))
+        engine = runs.records()
     samples += engine_samples(engine)
     fitted = fitted_profile(samples, engine, seed)
     prof = {

@@ -10,10 +10,11 @@ is not installed here); numpy's .npz is: a zip of one .npy array per column, whi
 the end, so writing a log costs no memory that grows with it.
 
 Columns (index i of the `request_*` columns is the i-th request of the trace):
-- `call_kind` (0 prefill, 1 decode, 2 sync), `call_start`, `call_end`, `call_tokens`,
+- `call_kind` (0 prefill, 1 decode, 2 sync; mlx-lm's 3 prompt, 4 first, 5 generate), `call_start`, `call_end`, `call_tokens`,
   `call_prefix`, `call_joined`, `call_left`, `call_iteration`, `call_written`, `call_fresh`,
   `call_batched`; each call's requests as `call_nrids` counts into `call_rids` (request
-  indexes), its contexts as `call_ncontexts` into `call_contexts`;
+  indexes), its contexts as `call_ncontexts` into `call_contexts`, a prompt call's rows' chunks
+  as `call_nchunks` into `call_chunks` (absent in files from before mlx-lm's calls);
 - `token_request`, `token_time`: every emission, grouped by request;
 - `request_id` (text), `request_arrival`, `request_prompt_len`, `request_output_len`,
   `request_prefilled`, and per-request figures in seconds when the run kept them
@@ -37,13 +38,14 @@ from sim.files import ExistsError, OutputError, dumps, new_file_mode
 from sim.log import Call, EventLog, RequestInfo
 from sim.tally import RequestFigures, RequestTable
 
-KINDS = ("prefill", "decode", "sync")
+KINDS = ("prefill", "decode", "sync", "prompt", "first", "generate")  # the last three: mlx-lm's (`sim.log.Call`)
 _KIND = {k: i for i, k in enumerate(KINDS)}
 CALL_COLUMNS = {"call_kind": np.int8, "call_start": np.float64, "call_end": np.float64, "call_tokens": np.int64,
                 "call_prefix": np.int64, "call_joined": np.int32, "call_left": np.int32,
                 "call_iteration": np.int64, "call_written": np.int64, "call_fresh": np.int64,
-                "call_batched": np.bool_, "call_nrids": np.int32, "call_ncontexts": np.int32}
-LIST_COLUMNS = {"call_rids": np.int32, "call_contexts": np.int64, "token_request": np.int32,
+                "call_batched": np.bool_, "call_nrids": np.int32, "call_ncontexts": np.int32,
+                "call_nchunks": np.int32}
+LIST_COLUMNS = {"call_rids": np.int32, "call_contexts": np.int64, "call_chunks": np.int64, "token_request": np.int32,
                 "token_time": np.float64}
 FLUSH = 1 << 16
 
@@ -85,6 +87,8 @@ class LogWriter:
         b["call_rids"].extend(self.index[r] for r in c.rids)
         b["call_ncontexts"].append(len(c.contexts))
         b["call_contexts"].extend(c.contexts)
+        b["call_nchunks"].append(len(c.chunks))
+        b["call_chunks"].extend(c.chunks)
         self.calls += 1
         if len(b["call_kind"]) >= FLUSH:
             self._flush()
@@ -177,7 +181,7 @@ def read_log(path: str | Path) -> tuple[dict, EventLog]:
             cols = {name: z[name] for name in z.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as e:
         raise LogFileError(f"log file {path}: not a pdsim log file ({type(e).__name__}: {e})") from None
-    need = set(CALL_COLUMNS) | set(LIST_COLUMNS) | {"request_id", "request_arrival", "request_prompt_len",
+    need = (set(CALL_COLUMNS) | set(LIST_COLUMNS)) - {"call_nchunks", "call_chunks"} | {"request_id", "request_arrival", "request_prompt_len",
                                                       "request_output_len", "request_prefilled", "meta_json"}
     if missing := sorted(need - set(cols)):
         raise LogFileError(f"log file {path}: not a pdsim log file (no {', '.join(missing[:3])})")
@@ -197,14 +201,16 @@ def read_log(path: str | Path) -> tuple[dict, EventLog]:
     rid_end = np.cumsum(cols["call_nrids"]).tolist()
     ctx_end = np.cumsum(cols["call_ncontexts"]).tolist()
     rids, ctxs = cols["call_rids"].tolist(), cols["call_contexts"].tolist()
+    nchunks = cols["call_nchunks"].tolist() if "call_nchunks" in cols else [0] * len(rid_end)
+    chunks, k0 = (cols["call_chunks"].tolist() if "call_chunks" in cols else []), 0
     r0 = c0 = 0
     fields = [cols[n].tolist() for n in ("call_kind", "call_start", "call_end", "call_tokens", "call_prefix",
                                           "call_joined", "call_left", "call_iteration", "call_written",
                                           "call_batched", "call_fresh")]
     for j, (k, s, e, n, pre, jn, lf, it, wr, bt, fr) in enumerate(zip(*fields)):
         log.add(Call(KINDS[k], s, e, tuple(ids[x] for x in rids[r0:rid_end[j]]), n, pre,
-                     tuple(ctxs[c0:ctx_end[j]]), jn, lf, it, wr, bool(bt), fr))
-        r0, c0 = rid_end[j], ctx_end[j]
+                     tuple(ctxs[c0:ctx_end[j]]), jn, lf, it, wr, bool(bt), fr, tuple(chunks[k0:k0 + nchunks[j]])))
+        r0, c0, k0 = rid_end[j], ctx_end[j], k0 + nchunks[j]
     return meta, log
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from operator import sub
 
-from sim.log import Call, Stretch
+from sim.log import DECODE_KINDS, Call, Stretch
 from sim.tally import RequestTable, Slo, Tally
 from traces.trace import Trace
 
@@ -51,6 +51,9 @@ class ScoredLog:
         self.outputs = self.table.output_len.tolist()
         self.writer = writer
         self._last_prefill: str | None = None  # its first token is logged after the call (`EngineState.apply`)
+        # an mlx-lm generation step (iteration, end, rids): it completes, and its tokens are emitted,
+        # when its next() returns, at the end of its iteration's last call (`EventLog.decode_ends`)
+        self._generate: tuple[int, float, tuple[str, ...]] | None = None
         self.call_count = 0
         self._busy = 0.0
         self._closed = False
@@ -65,14 +68,30 @@ class ScoredLog:
         self._busy += call.end - call.start
         if self.writer is not None:
             self.writer.call(call)
-        if call.kind == "decode":
+        if self._generate is not None:
+            if call.iteration == self._generate[0]:
+                self._generate = (call.iteration, call.end, self._generate[2])
+            else:
+                self._end_generate()
+        if call.kind == "generate":
+            self._generate = (call.iteration, call.end, call.rids)
+        elif call.kind == "decode":
             self.tally.decode_call(call.end, call.iteration)
             for rid in call.rids:
                 self._check(rid)
         elif call.kind == "prefill":
             self._last_prefill = call.rids[0]
 
+    def _end_generate(self) -> None:
+        it, end, rids = self._generate
+        self._generate = None
+        self.tally.decode_call(end, it)
+        for rid in rids:
+            self._check(rid)
+
     def add_stretch(self, stretch: Stretch) -> None:
+        if self._generate is not None:
+            self._end_generate()
         if self._last_prefill is not None:
             self._check(self._last_prefill)
             self._last_prefill = None
@@ -80,7 +99,7 @@ class ScoredLog:
         ends, its = [], []
         for col in stretch.columns:
             self._busy += sum(map(sub, col.ends, col.starts))
-            if col.kind == "decode":
+            if col.kind in DECODE_KINDS:
                 ends += col.ends
                 its += range(stretch.iteration, stretch.iteration + len(col.ends))
         if self.writer is not None:
@@ -91,7 +110,7 @@ class ScoredLog:
             ends, its = [ends[i] for i in order], [its[i] for i in order]
         self.tally.decode_calls(ends, its)
         for col in stretch.columns:
-            if col.kind == "decode":
+            if col.kind in DECODE_KINDS:
                 for rid in col.rids:
                     self._check(rid)
 
@@ -113,6 +132,8 @@ class ScoredLog:
     def close(self) -> Tally:
         """Tally what is left (requests the run did not finish) and return the tally; once."""
         if not self._closed:
+            if self._generate is not None:
+                self._end_generate()
             if self._last_prefill is not None:
                 self._check(self._last_prefill)
                 self._last_prefill = None

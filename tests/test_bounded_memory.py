@@ -19,7 +19,8 @@ from traces.generators import poisson, tinyllm
 
 COST = cost_model(load_profile(BUILTIN))
 SETTINGS = [dict(policy="fifo"), dict(policy="eager", batch_size=4), dict(policy="chunked", budget=32, batch_size=4),
-            dict(policy="chunked", budget=128, batch_size=3, decode="single")]
+            dict(policy="chunked", budget=128, batch_size=3, decode="single"),
+            dict(policy="mlx-lm"), dict(policy="mlx-lm", prefill_step=32, prompt_concurrency=2, decode_concurrency=3)]
 TRACES = {"tinyllm": tinyllm(num_seqs=8), "poisson": poisson(num_requests=60, rate=4.0, seed=3)}
 
 
@@ -95,9 +96,11 @@ def test_a_distribution_is_exact_while_small_and_within_its_stated_error_beyond(
     assert sketched.max() == values.max() and sketched.sum() == pytest.approx(values.sum(), rel=1e-9)
 
 
-def test_a_log_file_reads_back_as_the_runs_log(tmp_path):
+@pytest.mark.parametrize("setting", [dict(policy="chunked", budget=32, batch_size=4),
+                                     dict(policy="mlx-lm", prefill_step=32, prompt_concurrency=2)])
+def test_a_log_file_reads_back_as_the_runs_log(tmp_path, setting):
     trace = TRACES["poisson"]
-    log = simulate(trace, policies.make(policy="chunked", budget=32, batch_size=4), COST)
+    log = simulate(trace, policies.make(**setting), COST)
     write_log(tmp_path / "run.npz", log, {"what": "test"})
     meta, back = read_log(tmp_path / "run.npz")
     assert meta["what"] == "test"
