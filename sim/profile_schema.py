@@ -289,51 +289,32 @@ def check_samples(w: _Where, samples) -> None:
 
 
 def check_grid(w: _Where, grid) -> None:
-    """The calibration grid (`calibrate.grid.Grid`, or `MlxLmGrid`) that --add-rounds times again."""
+    """The calibration grid (`calibrate.grid.Grid`, or mlx-lm's `MlxLmGrid`) that --add-rounds times again."""
     grid = _obj(w, grid, "grid")
-    if "prompts" in grid:
-        return check_mlx_lm_grid(w, grid)
-    known = set(GRID_LISTS) | {"mixed", "repeats", "warmup", "singles"}
-    extra = sorted(set(grid) - known)
+    if "prompts" in grid:  # MlxLmGrid: prompt rows, first forwards and merges are lists of lists
+        flat, optional = ("offsets", "batches", "contexts"), ()
+        nested = {key: (0, "whole numbers") for key in ("prompts", "firsts", "merges")}
+    else:
+        flat, optional = GRID_LISTS + ("singles",), ("odd_chunks", "singles")
+        nested = {"mixed": (1, "contexts")}
+    extra = sorted(set(grid) - set(flat) - set(nested) - {"repeats", "warmup"})
     if extra:
         raise w.fail("grid", f"has unknown field(s) {', '.join(extra)}")
-    for key in GRID_LISTS + ("singles",):
+    for key in flat:
         v = grid.get(key)
-        if v is None and key in ("odd_chunks", "singles"):
+        if v is None and key in optional:
             continue
         if not isinstance(v, list):
             raise w.fail(f"grid.{key}", f"must be a list of whole numbers, got {_kind(v)}")
         for i, x in enumerate(v):
             _whole(w, x, f"grid.{key}[{i}]", 0 if key == "offsets" else 1)
-    mixed = grid.get("mixed", [])
-    if not isinstance(mixed, list) or not all(isinstance(m, list) and m for m in mixed):
-        raise w.fail("grid.mixed", "must be a list of lists of contexts")
-    for i, m in enumerate(mixed):
-        for j, x in enumerate(m):
-            _whole(w, x, f"grid.mixed[{i}][{j}]", 1)
-    for key in ("repeats", "warmup"):
-        if key in grid:
-            _whole(w, grid[key], f"grid.{key}", 1 if key == "repeats" else 0, 1000)
-
-
-def check_mlx_lm_grid(w: _Where, grid: dict) -> None:
-    """`calibrate.grid.MlxLmGrid`: lists of whole numbers, or of lists of them."""
-    known = {"prompts", "offsets", "batches", "contexts", "firsts", "merges", "repeats", "warmup"}
-    extra = sorted(set(grid) - known)
-    if extra:
-        raise w.fail("grid", f"has unknown field(s) {', '.join(extra)}")
-    for key in ("offsets", "batches", "contexts"):
-        if not isinstance(grid.get(key), list):
-            raise w.fail(f"grid.{key}", f"must be a list of whole numbers, got {_kind(grid.get(key))}")
-        for i, x in enumerate(grid[key]):
-            _whole(w, x, f"grid.{key}[{i}]", 0 if key == "offsets" else 1)
-    for key in ("prompts", "firsts", "merges"):
+    for key, (lo, what) in nested.items():
         v = grid.get(key, [])
         if not isinstance(v, list) or not all(isinstance(m, list) and m for m in v):
-            raise w.fail(f"grid.{key}", "must be a list of lists of whole numbers")
+            raise w.fail(f"grid.{key}", f"must be a list of lists of {what}")
         for i, m in enumerate(v):
             for j, x in enumerate(m):
-                _whole(w, x, f"grid.{key}[{i}][{j}]", 0)
+                _whole(w, x, f"grid.{key}[{i}][{j}]", lo)
     for key in ("repeats", "warmup"):
         if key in grid:
             _whole(w, grid[key], f"grid.{key}", 1 if key == "repeats" else 0, 1000)
