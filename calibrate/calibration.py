@@ -50,19 +50,28 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     fitted = fit_profile(samples, seed=seed)
     fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
         [EventLog.from_dict(r["log"]) for r in engine if r["part"] == "held_out"])
+    timing = {"build_s": build_s, "calibrate_s": time.perf_counter() - t0}
+    return write_profile(out, lm, quant_bits, host, grid, timing, fitted, samples, engine, partial, overwrite)
+
+
+def write_profile(out: Path, lm: LoadedModel, quant_bits: int | None, host: dict, grid, timing: dict, fitted: dict,
+                  samples: list[dict], runs: list[dict], partial: Path, overwrite: bool, **extra) -> dict:
+    """A calibration's profile (pdsim's or mlx-lm's, `extra` its own fields; `quant_bits` as asked
+    for, None for weights quantized already), written atomically;
+    the partial file it was measured into goes only once the profile is safe."""
     prof = {
         "pdsim_profile": 1,
         "illustrative": False,
+        **extra,
         "created": stamp(),
-        "model": {"name": model, "shapes": lm.config, "dtype": dtype, "quant_bits": quant_bits,
+        "model": {"name": lm.name, "shapes": lm.config, "dtype": lm.dtype, "quant_bits": quant_bits,
                   "weights": lm.source, "max_context": lm.max_context},
         "device": host,
         "grid": grid.to_dict(),
-        "build_s": build_s,
-        "calibrate_s": time.perf_counter() - t0,
+        **timing,
         **fitted,
         "samples": samples,
-        "engine_runs": engine,
+        "engine_runs": runs,
     }
     atomic_write_json(out, prof, overwrite=overwrite)
     partial.unlink(missing_ok=True)

@@ -14,7 +14,7 @@ import random
 import time
 from pathlib import Path
 
-from calibrate.calibration import EngineRuns, engine_samples, refuse_existing
+from calibrate.calibration import EngineRuns, engine_samples, refuse_existing, write_profile
 from calibrate.grid import MlxLmGrid
 from calibrate.journal import Journal
 from calibrate.host import host_info
@@ -22,12 +22,10 @@ from calibrate.mlxlm_batches import installed_version
 from calibrate.mlxlm_fit import fit_mlx_lm, iteration_of
 from calibrate.mlxlm_profiler import MlxLmProfiler
 from calibrate.model import build_model
-from calibrate.profile_paths import stamp
 from calibrate.profiler import run_grid
 from calibrate.replay import Workload, between_calls_share, relogged
 from policies.mlxlm import check_version
 from sim.errors import UserError
-from sim.files import atomic_write_json
 from traces.generators import fixed, poisson
 from traces.trace import Trace
 
@@ -81,25 +79,9 @@ def calibrate_mlx_lm(model: str, grid: MlxLmGrid, out: Path, dtype: str = "float
         engine = runs.records()
     samples += engine_samples(engine)
     fitted = fitted_profile(samples, engine, seed)
-    prof = {
-        "pdsim_profile": 1,
-        "illustrative": False,
-        "engine": "mlx-lm",
-        "created": stamp(),
-        "model": {"name": model, "shapes": lm.config, "dtype": dtype, "quant_bits": quant_bits,
-                  "weights": lm.source, "max_context": lm.max_context},
-        "device": host,  # its `mlx_lm` is the version whose BatchGenerator was timed
-        "grid": grid.to_dict(),
-        "build_s": build_s,
-        "calibrate_s": time.perf_counter() - t0,
-        **fitted,
-        "samples": samples,
-        "engine_runs": engine,
-    }
-    atomic_write_json(out, prof, overwrite=overwrite)
-    partial.unlink(missing_ok=True)
-    prof["_path"] = str(out)
-    return prof
+    timing = {"build_s": build_s, "calibrate_s": time.perf_counter() - t0}
+    # device's `mlx_lm` is the version whose BatchGenerator was timed
+    return write_profile(out, lm, quant_bits, host, grid, timing, fitted, samples, engine, partial, overwrite, engine="mlx-lm")
 
 
 def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0) -> dict:
