@@ -6,7 +6,6 @@ from pathlib import Path
 
 from sim.commands.common import (add_policy_args, add_trace_args, finite_float, positive_float, settings_from_args,
                                  trace_from_args, whole)
-
 from sim.predict import REPLICAS
 
 NEEDS_MLX = True
