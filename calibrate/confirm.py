@@ -33,7 +33,7 @@ from sim.metric_registry import CONFIRMED
 from sim.metrics import score
 from sim.noise import CallNoise
 from sim.predict import REPLICAS, predict
-from sim.residuals import residual_table
+from sim.residuals import call_ratios, residual_table
 from sim.state import EngineError
 from sim.settings import setting, setting_label
 from traces.trace import Trace, load_jsonl
@@ -171,8 +171,18 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         results.append({"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
                         "predicted_range": {k: list(spread[k]) for k in measured if k in spread},
                         "measured": measured, "rel_error": errors,
+                        "run_speed": [{"repeat": r["repeat"], "pred_over_meas": run_speed(log, cost)}
+                                      for r, log in zip(mine, logs)],
                         "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False)})
     return results
+
+
+def run_speed(log: EventLog, cost: CostModel) -> float | None:
+    """The median over a run's calls of predicted/measured: how fast the machine ran this run
+    against the calibration (every call kind moves together when the machine changes speed
+    between processes, 10-20% on a shared VM; a call kind the model prices wrong stands apart)."""
+    ratios = [r for _, _, r in call_ratios([log], cost)]
+    return statistics.median(ratios) if ratios else None
 
 
 def call_rows(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:

@@ -1,6 +1,7 @@
 """`pdsim confirm` end to end on qwen3-tiny: the gate, the protocol, the report, the arithmetic."""
 import json
 import math
+import statistics
 import subprocess
 import sys
 
@@ -17,7 +18,7 @@ from sim.metrics import score
 from sim.noise import MIN_CALLS
 from sim.predict import REPLICAS
 from sim.replay import simulate
-from sim.residuals import residual_table
+from sim.residuals import price_call, residual_table
 from traces.trace import Trace
 
 
@@ -71,6 +72,11 @@ def test_confirm_end_to_end(profile, tmp_path):
             assert all(math.isfinite(c[k]) and c[k] > 0 for k in ("ratio_p10", "ratio_median", "ratio_p90"))
             assert c["ratio_p10"] <= c["ratio_median"] <= c["ratio_p90"]
         json.dumps([res["calls"], res["calls_by_kind"]], allow_nan=False)  # strict JSON
+        # each run's speed against the calibration: the median of its calls' predicted/measured
+        assert [r["repeat"] for r in res["run_speed"]] == [r["repeat"] for r in runs]
+        for r, log in zip(res["run_speed"], logs):
+            ratios = sorted(price_call(cost, c) / (c.end - c.start) for c in log.calls if c.end > c.start)
+            assert r["pred_over_meas"] == pytest.approx(statistics.median(ratios))
     assert "pred/meas (median)" in stdout  # and each setting's by-kind table, a row per kind
     for kind in ("prefill", "decode"):
         assert sum(line.startswith(f"{kind} ") for line in stdout.splitlines()) == len(rep["results"])

@@ -9,6 +9,7 @@ from sim.commands.common import (add_policy_args, add_trace_args, finite_float, 
 from sim.predict import REPLICAS
 
 NEEDS_MLX = True
+SPEED_SPREAD = 0.10  # runs' speeds further apart than this: the machine, not the model
 
 
 def add_parser(sub) -> None:
@@ -79,6 +80,13 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
         print(f"\n{res['label']}  ({report['protocol']['repeats']} runs)")
         print(table(rows, ["metric", "predicted", "prange", "measured", "range", "error"],
                     ["metric", "predicted", "replays min..max", "measured (median)", "min..max", "rel. error"]))
+        speeds = {r["repeat"]: r["pred_over_meas"] for r in res.get("run_speed", ()) if r["pred_over_meas"]}
+        if speeds:
+            spread = max(speeds.values()) / min(speeds.values()) - 1
+            print("runs' calls, predicted/measured (median over each run's calls): "
+                  + " ".join(f"r{rep} {v:.2f}" for rep, v in speeds.items())
+                  + (f"; {spread:.0%} apart: the machine changed speed between runs, and every measured figure "
+                     "moved with it" if spread > SPEED_SPREAD else ""))
         if res.get("calls_by_kind"):  # reports written before the per-call table have none
             print(table([dict(c, range=f"{fmt(c['ratio_p10'])}..{fmt(c['ratio_p90'])}")
                          for c in res["calls_by_kind"]],
