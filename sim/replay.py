@@ -25,11 +25,14 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
     stretches (`sim.steady`), for checking that it changes nothing. `warmup`: a trace the same
     process served first (a confirm run's warm-up), whose KV arrays the allocator then reuses.
     `log`: where the run is logged (`sim.scored_log.ScoredLog` scores a long run in bounded memory).
+    The cost model's memory model, if its profile has one, predicts the run's peak memory
+    (`sim.memory`, the log's `peak_memory`).
     """
     if engine_of(policy) == "pdsim" and not getattr(cost, "pdsim_forms", True):
         raise ProfileError(f"the profile prices mlx-lm's BatchGenerator only (`pdsim calibrate --engine mlx-lm`); "
                            f"policy {policy.name!r} runs on pdsim's engine: calibrate without --engine for it")
-    state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0, log)
+    state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0, log,
+                        getattr(cost, "memory", None))
     _serve(state, policy, cost, steady)
     return state.log
 
