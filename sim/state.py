@@ -339,9 +339,9 @@ class EngineState:
             if isinstance(w, Prefill):
                 s = self.queued[w.rid]
                 _, (written, fresh) = self._kv_apply(w, s.prefilled)  # the later chunks fit (sim.steady)
-                if self.memory is not None:  # the first chunk allocates, the last attends the longest prefix
+                if self.memory is not None:  # the first chunk allocates, the last holds that and attends the most
                     self._peak(held, written, "prefill", w.tokens, s.prefilled, ())
-                    self._peak(held, 0, "prefill", w.tokens, s.prefilled + (steps - 1) * w.tokens, ())
+                    self._peak(self.kv.resident(), 0, "prefill", w.tokens, s.prefilled + (steps - 1) * w.tokens, ())
                 columns.append(Column("prefill", (w.rid,), w.tokens, s.prefilled, begin, end, written, True, fresh))
                 s.prefilled += steps * w.tokens
                 continue
@@ -349,10 +349,10 @@ class EngineState:
             if self.batch_change(w) != (0, 0):
                 raise EngineError("a stretch's decode changes the batch's rows (sim.steady never asks for one)")
             _, (written, fresh) = self._kv_apply(w, 0)
-            if self.memory is not None:  # the first step allocates, the last attends the longest contexts
+            if self.memory is not None:  # the first step allocates, the last holds that and attends the most
                 first = tuple(s.context for s in states)
                 self._peak(held, written, "decode", len(states), 0, first)
-                self._peak(held, 0, "decode", len(states), 0, tuple(c + steps - 1 for c in first))
+                self._peak(self.kv.resident(), 0, "decode", len(states), 0, tuple(c + steps - 1 for c in first))
             columns.append(Column("decode", w.rids, len(w.rids), [s.context for s in states], begin, end,
                                   written, w.batched, fresh))
             if w.batched:
@@ -375,7 +375,7 @@ class EngineState:
         if self.memory is not None:
             first = tuple(s.context for s in states)
             self._peak(held, written, "generate", len(states), 0, first)
-            self._peak(held, 0, "generate", len(states), 0, tuple(c + steps - 1 for c in first))
+            self._peak(self.kv.resident(), 0, "generate", len(states), 0, tuple(c + steps - 1 for c in first))
         self.kv.gen.idx += steps - 1
         column = Column("generate", w.rids, len(w.rids), [s.context for s in states], begin, end, written, True, fresh)
         leaving = set()
