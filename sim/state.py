@@ -305,11 +305,12 @@ class EngineState:
                 self.ready[rid] = s
             return
         states = [self.ready[r] for r in work.rids]
+        contexts = tuple(s.context for s in states)
         if self.memory is not None:
-            self._peak(held, written, "generate", len(states), 0, tuple(s.context for s in states))
+            self._peak(held, written, "generate", len(states), 0, contexts)
         before = set(self.stepped)
         joined, left = sum(r not in before for r in work.rids), len(before - set(work.rids))
-        self.log.add(Call("generate", start, end, work.rids, len(work.rids), 0, tuple(s.context for s in states),
+        self.log.add(Call("generate", start, end, work.rids, len(work.rids), 0, contexts,
                           joined, left, self.iteration, written, True, fresh))
         self.stepped = work.rids
         returned = []
