@@ -40,7 +40,7 @@ python3 - "$profile" "$out" <<'EOF'
 import json, statistics, sys
 prof, rep = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 w = prof["memory"]["weights_bytes"] / 1e9
-print(f"\npeak memory, qwen3-0.6b ({prof['model']['dtype']}), weights {w:.3f} GB; predicted / measured median over "
+print(f"\npeak memory, {prof['model']['name']} ({prof['model']['dtype']}), weights {w:.3f} GB; predicted / measured median over "
       f"{rep['protocol']['repeats']} runs")
 print("| setting | predicted GB | measured GB (min..max) | error | above weights: predicted / measured GB | error |")
 print("|---|---:|---:|---:|---:|---:|")
