@@ -88,16 +88,18 @@ def test_calibration_measures_peaks_and_fits_the_activations(tiny_profile):
 
 def test_predicted_peak_of_real_runs_is_close_to_measured(engine, tiny_profile):
     """Real runs on qwen3-tiny: mx.get_peak_memory over the run against the profile's prediction
-    for the same trace and setting (simulated, not replayed from the real run's calls)."""
+    for the same trace and setting (simulated, not replayed from the real run's calls), with
+    chunks the tiny grid measured (up to 32 tokens; a whole 279-token prompt, 9x past the grid,
+    was predicted 19% high: the per-token term extrapolated)."""
     cost = cost_model(tiny_profile)
     trace = tinyllm(6, 30, 300, 3, 20, seed=8, vocab=1024)
     errors = []
-    for s in ({"policy": "chunked", "budget": 8, "batch_size": 2}, {"policy": "chunked", "budget": 64, "batch_size": 4},
-              {"policy": "eager", "batch_size": 4}):
+    for s in ({"policy": "chunked", "budget": 8, "batch_size": 2}, {"policy": "chunked", "budget": 32, "batch_size": 4},
+              {"policy": "chunked", "budget": 16, "batch_size": 3, "decode": "single"}):
         measured = score(engine.run(trace, policies.make(**s)).log)["peak_memory_gb"]
         predicted = score(simulate(trace, policies.make(**s), cost))["peak_memory_gb"]
         errors.append(abs(predicted - measured) / measured)
-    assert max(errors) < 0.25, errors
+    assert max(errors) < 0.10, errors
 
 
 def test_profile_round_trip_and_profiles_without_memory(tmp_path):
