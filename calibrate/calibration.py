@@ -12,6 +12,7 @@ from calibrate.grid import Grid
 from calibrate.host import host_info
 from calibrate.model import LoadedModel, build_as_profiled, build_model
 from calibrate.journal import Journal
+from calibrate.memory_fit import fit_memory, model_config, weights_bytes
 from calibrate.profiler import merge, run_grid
 from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
 from sim.costmodel import load_profile
@@ -50,6 +51,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     fitted = fit_profile(samples, seed=seed)
     fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
         [EventLog.from_dict(r["log"]) for r in engine if r["part"] == "held_out"])
+    fitted["memory"] = fit_memory(samples, dict(lm.config, dtype=lm.dtype), weights_bytes(lm), engine, seed)
     timing = {"build_s": build_s, "calibrate_s": time.perf_counter() - t0}
     return write_profile(out, lm, quant_bits, host, grid, timing, fitted, samples, engine, partial, overwrite)
 
@@ -238,6 +240,9 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
                    + [s for s in samples if "source" in s and not engine(s)])
         prof["samples"] = samples
     new = fit_profile(samples, seed=seed)
+    if (prof.get("memory") or {}).get("weights_bytes") is not None:  # profiles before it measured no peaks
+        new["memory"] = fit_memory(samples, model_config(prof["model"]), prof["memory"]["weights_bytes"],
+                                   prof.get("engine_runs") or [], seed)
     old = prof.get("fit", {}).get("replay", {})
     if "replay" in new["fit"] and "between_calls_share" in old:
         new["fit"]["replay"]["between_calls_share"] = old["between_calls_share"]

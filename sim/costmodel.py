@@ -29,6 +29,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from sim.memory import MemoryModel, memory_model
+
 
 PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
                 "plus r0 + r1*(L mod tile) when L is not a multiple of the tile; plus copy*written")
@@ -160,6 +162,7 @@ class LinearCostModel:
     prefill_rem: tuple[float, float] = (0.0, 0.0)  # their cost: once if any, and per row
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
     pdsim_forms: bool = True  # False: a profile of mlx-lm's calls only, which cannot price pdsim's engine
+    memory: MemoryModel | None = None  # the profile's peak-memory model (`sim.memory`), if it has one
 
     def mlx_lm_call(self, kind: str, tokens: int, idx: int, contexts: Sequence[int], written: int,
                     fresh: int) -> float:
@@ -253,6 +256,7 @@ class GridCostModel:
     grid_decode: bool = True
     _prefills: dict = field(default_factory=dict, repr=False)  # (chunk, prefix) -> seconds
     _decode_rows: dict = field(default_factory=dict, repr=False)  # batch -> seconds by longest context
+    memory: MemoryModel | None = None  # the profile's peak-memory model (`sim.memory`), if it has one
 
     def __post_init__(self) -> None:
         self._pf = _interpolator(self.prefill_points)
@@ -345,8 +349,9 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     before per-step choices say it once, as `cost.use`)."""
     c = prof["cost"]
     mlx = mlx_lm_costs(c["mlx_lm"]) if "mlx_lm" in c else None
+    memory = memory_model(prof)
     if "prefill" not in c:  # a profile of mlx-lm's calls only
-        return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False)
+        return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False, memory=memory)
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]), float(c.get("iteration", 0.0)),
                           join=_triple(c.get("join")), leave=_triple(c.get("leave")),
                           prefill_dense=Curve.from_pairs(c["prefill"].get("dense")),
@@ -354,11 +359,11 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           decode_knot=float(c["decode"].get("knot") or "inf"), decode_lone=c["decode"].get("lone"),
                           copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
-                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx)
+                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory)
     grid = {step: c[step].get("use", c.get("use", "fit")) == "grid" for step in ("prefill", "decode")}
     if any(grid.values()):
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),
-                             lin.iteration, grid["prefill"], grid["decode"])
+                             lin.iteration, grid["prefill"], grid["decode"], memory=memory)
     return lin
 
 

@@ -70,6 +70,11 @@ class KVBuffers:
             self.fresh += rows
             self.largest = rows
 
+    def resident(self) -> int:
+        """Token-rows of KV buffer held now, by capacity: every request's own cache (kept while the
+        request decodes in the batch cache), the batch cache, and mlx-lm's two batches (`sim.memory`)."""
+        return sum(self.own.values()) + len(self.rows) * self.cap + self.prompt.held() + self.gen.held()
+
     def take(self) -> tuple[int, int]:
         """(written, fresh) since the last take: one call's."""
         out = self.written, self.fresh
@@ -213,6 +218,10 @@ class BatchCache:
 
     def copy(self) -> "BatchCache":
         return BatchCache(list(self.rows), list(self.pad), self.idx, self.cap, self.keys, list(self.owed))
+
+    def held(self) -> int:
+        """Token-rows of buffer this batch holds (every row at the shared capacity)."""
+        return len(self.rows) * self.cap if self.keys else 0
 
     def lengths(self) -> list[int]:
         """Each row's tokens in the cache (real, padding excluded)."""

@@ -96,6 +96,9 @@ class EventLog:
     requests: dict[str, RequestInfo] = field(default_factory=dict)
     tokens: dict[str, list[float]] = field(default_factory=dict)  # emission times per request
     _parts: list = field(default_factory=lambda: [[]], repr=False)  # lists of Calls and Stretches, in time order
+    # bytes in use at the run's peak: predicted by the profile's memory model (`sim.memory`) in a
+    # simulated run, measured (`mx.get_peak_memory`) in a real one; None: not known
+    peak_memory: float | None = None
 
     def add(self, call: Call) -> None:
         self._parts[-1].append(call)
@@ -161,6 +164,7 @@ class EventLog:
                       + ([list(c.chunks)] if c.chunks else []) for c in self.calls],
             "call_fields": list(Call._fields),
             "tokens": self.tokens,
+            **({"peak_memory": self.peak_memory} if self.peak_memory is not None else {}),
         }
 
     @staticmethod
@@ -173,4 +177,5 @@ class EventLog:
                 rest[6] = tuple(rest[6])
             log.add(Call(k, s, e, tuple(rids), n, pre, tuple(ctx), *rest))
         log.tokens = {k: list(v) for k, v in d["tokens"].items()}
+        log.peak_memory = d.get("peak_memory")
         return log

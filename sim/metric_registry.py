@@ -92,6 +92,10 @@ _METRICS: list[Metric] = [
     Metric("engine_calls", "calls", None, "engine calls the run made (prefill chunks, decodes, batch-cache syncs)"),
     Metric("busy_frac", "fraction", None,
            "time in engine calls / makespan (near 1: arrivals outpace the engine and queues grow)"),
+    Metric("peak_memory_gb", "GB", "lower",
+           "memory in use at the run's peak (weights, the KV buffers held by capacity, the largest call's "
+           "KV copies and activations): predicted by the profile's memory model, measured with "
+           "mx.get_peak_memory on the real engine; null with a profile calibrated before memory was measured"),
 ]
 
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
@@ -102,13 +106,13 @@ ALIASES: dict[str, str] = {a: m.name for m in _METRICS for a in m.aliases}
 SUMMARY = ("decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "p99_itl_ms", "max_itl_ms",
            "resume_gap_max_ms", "stall_count", "stall_excess_s", "p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
            "mean_tpot_ms", "p50_e2el_ms", "makespan_s", "output_throughput", "request_throughput",
-           "request_goodput", "engine_calls")  # `pdsim simulate`
+           "request_goodput", "engine_calls", "peak_memory_gb")  # `pdsim simulate`
 CONFIRMED = ("decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "p99_itl_ms",
              "max_itl_ms", "resume_gap_max_ms", "p50_ttft_ms", "p95_ttft_ms", "output_throughput",
-             "makespan_s")  # `pdsim confirm`: predicted against measured
+             "makespan_s", "peak_memory_gb")  # `pdsim confirm`: predicted against measured
 CONFIRM_CHART = ("decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "max_itl_ms", "p50_ttft_ms",
                  "p95_ttft_ms", "mean_tpot_ms", "output_throughput", "makespan_s")  # the report's confirm chart
-SWEEP_SHOWN = ("output_throughput", "decode_gap_p95_ms", "p99_ttft_ms")  # `pdsim sweep`, beside the pick's own
+SWEEP_SHOWN = ("output_throughput", "decode_gap_p95_ms", "p99_ttft_ms", "peak_memory_gb")  # `pdsim sweep`, beside the pick's own
 GAP_CHART = {"inter-token gap": ("p50", "p95", "p99", "max"),
              "decode-completion gap": ("p50", "p95", "max")}  # the report's gap percentiles
 DEFAULT_OBJECTIVE = "output_throughput"

@@ -13,7 +13,10 @@ checked is what pdsim reads:
   sizes increasing; 4 decode coefficients with their knot; `use` "fit" or "grid", and a grid of
   [size, context, seconds] points for every step that uses it;
 - `samples` (what --refit and --add-rounds fit), `grid` (what --add-rounds times again) and
-  `engine_runs`, where present, with the fields and types the fit reads.
+  `engine_runs`, where present, with the fields and types the fit reads;
+- `memory` (`sim.memory`), optional (profiles before it have none, and predict no peak memory):
+  the weights' and a KV token-row's bytes, 4 prefill and 3 decode activation coefficients, each a
+  finite number >= 0 (null coefficients: measured nothing, no model).
 """
 from __future__ import annotations
 
@@ -142,6 +145,8 @@ def check_profile(prof: dict, path) -> None:
         fit = _obj(w, prof["fit"], "fit")
         if "noise" in fit:
             check_noise(w, _obj(w, fit["noise"], "fit.noise"))
+    if prof.get("memory") is not None:
+        check_memory(w, _obj(w, prof["memory"], "memory"))
 
 
 def check_noise(w: _Where, noise: dict) -> None:
@@ -150,6 +155,20 @@ def check_noise(w: _Where, noise: dict) -> None:
     if len(q) < 2 or any(b < a for a, b in zip(q, q[1:])):
         raise w.fail("fit.noise.quantiles", "must hold at least two numbers, not decreasing (they are quantiles)")
     _whole(w, noise.get("calls"), "fit.noise.calls", lo=1)
+
+
+def check_memory(w: _Where, m: dict) -> None:
+    """The `memory` section (`sim.memory.MemoryModel`): sizes in bytes and activation coefficients."""
+    if m.get("prefill") is None and m.get("decode") is None:
+        return  # measured nothing (an MLX without peak-memory counters): no model, a null metric
+    for key in ("weights_bytes", "kv_bytes_per_token"):
+        if key not in m:
+            raise w.fail(f"memory.{key}", "is missing")
+        _cost(w, m[key], f"memory.{key}")
+    for key, n in (("prefill", 4), ("decode", 3)):
+        if key not in m:
+            raise w.fail(f"memory.{key}", f"is missing ({n} numbers)")
+        _numbers(w, m[key], f"memory.{key}", (n,))
 
 
 def check_cost(w: _Where, cost: dict) -> None:
@@ -277,7 +296,7 @@ def check_samples(w: _Where, samples) -> None:
         for key in ("chunk", "batch"):
             if key in s:
                 _whole(w, s[key], f"{f}.{key}", 1)
-        for key in ("prefix", "written", "fresh", "joined", "left", "round"):
+        for key in ("prefix", "written", "fresh", "joined", "left", "round", "peak_extra"):
             if key in s:
                 _whole(w, s[key], f"{f}.{key}", 0)
         if step in ("decode", "sync") and "context_max" not in s and "context_sum" not in s:

@@ -30,11 +30,14 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
     `log`: where the run is logged (`sim.scored_log.ScoredLog` scores a long run in bounded memory).
     `noise`: a factor for every call's time (`sim.noise.CallNoise.sampler`); it turns the steady
     stretches off, since every call then takes its own time.
+    The cost model's memory model, if its profile has one, predicts the run's peak memory
+    (`sim.memory`, the log's `peak_memory`).
     """
     if engine_of(policy) == "pdsim" and not getattr(cost, "pdsim_forms", True):
         raise ProfileError(f"the profile prices mlx-lm's BatchGenerator only (`pdsim calibrate --engine mlx-lm`); "
                            f"policy {policy.name!r} runs on pdsim's engine: calibrate without --engine for it")
-    state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0, log)
+    state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0, log,
+                        getattr(cost, "memory", None))
     _serve(state, policy, cost, steady and noise is None, noise)
     return state.log
 

@@ -56,6 +56,7 @@ class ScoredLog:
         self._generate: tuple[int, float, tuple[str, ...]] | None = None
         self.call_count = 0
         self._busy = 0.0
+        self.peak_memory: float | None = None  # bytes, set by the engine state (`sim.memory`)
         self._closed = False
 
     # ---- what the engine state calls ------------------------------------------------------------
@@ -140,6 +141,7 @@ class ScoredLog:
             for rid, times in list(self.tokens.items()):
                 self._done(rid, times)
             self.tally.engine_calls(self.call_count, self._busy)
+            self.tally.peak_memory = self.peak_memory
             self._closed = True
         return self.tally
 

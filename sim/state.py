@@ -13,6 +13,7 @@ from sim.kvcache import KVBuffers, write
 Rows = tuple[int, int]  # (written, fresh) token-rows of KV buffer
 NONE: Rows = (0, 0)
 from sim.log import Call, Column, EventLog, RequestInfo, Stretch
+from sim.memory import MemoryModel, PeakMemory
 from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 from traces.trace import Request, Trace
 
@@ -59,10 +60,12 @@ class EngineState:
     generation batch is `ready`, in the batch's order.
     """
 
-    def __init__(self, trace: Trace, largest: int = 0, log: EventLog | None = None):
+    def __init__(self, trace: Trace, largest: int = 0, log: EventLog | None = None,
+                 memory: MemoryModel | None = None):
         """`largest`: the largest KV array the process allocated before this run (its warm-up);
         `log`: where calls and tokens go (default a new `EventLog`; `sim.scored_log.ScoredLog`
-        tallies a long run instead of keeping it)."""
+        tallies a long run instead of keeping it); `memory`: the profile's memory model, whose
+        largest call peak goes to the log as `peak_memory` (`sim.memory`; None: not priced)."""
         self.trace = trace
         self.now = 0.0
         self.iteration = 0
@@ -74,6 +77,7 @@ class EngineState:
         self.log = EventLog() if log is None else log
         self._returned: tuple[int, list[list[float]]] = (-1, [])  # a `Generate`'s tokens: iteration, lists
         self.stepped: tuple[str, ...] = ()  # mlx-lm: the generation batch's rows at its last step
+        self.memory = PeakMemory(memory) if memory is not None else None
         for r in trace.requests:
             self.log.requests[r.id] = RequestInfo(r.id, r.arrival, r.prompt_len, r.output_len, r.prefilled)
             self.log.tokens[r.id] = []
@@ -218,7 +222,10 @@ class EngineState:
         if isinstance(work, Prefill):
             self.check(work)
             s = self.queued[work.rid]
+            held = self.kv.resident() if self.memory is not None else 0
             _, (written, fresh) = self._kv_apply(work, s.prefilled)
+            if self.memory is not None:
+                self._peak(held, written, "prefill", work.tokens, s.prefilled, ())
             self.log.add(Call("prefill", start, end, (work.rid,), work.tokens, s.prefilled,
                               iteration=self.iteration, written=written, fresh=fresh))
             s.prefilled += work.tokens
@@ -237,8 +244,11 @@ class EngineState:
             self.check(work)  # raises EngineError naming the request
             raise
         joined, left = self.batch_change(work)
+        held = self.kv.resident() if self.memory is not None else 0
         (sync_written, sync_fresh), (written, fresh) = self._kv_apply(work, 0)
         contexts = tuple(s.req.prompt_len + s.generated for s in states)
+        if self.memory is not None:
+            self._peak(held, sync_written + written, "decode", len(states), 0, contexts)
         if (joined or left) and synced is not None:  # the batch cache's rebuild, a call of its own
             if not start <= synced <= end:
                 raise EngineError(f"sync ends at {synced}, outside its call [{start}, {end}]")
@@ -270,9 +280,12 @@ class EngineState:
             self.kv.join_prompt(work.rids)
             return
         idx = self.kv.prompt.idx  # the prompt batch's write position before the call (after any split)
+        held = self.kv.resident() if self.memory is not None else 0
         if isinstance(work, BatchPrefill):
             _, (written, fresh) = self._kv_apply(work, 0)
             rids, chunks = tuple(r for r, _ in work.rows), tuple(n for _, n in work.rows)
+            if self.memory is not None:
+                self._peak(held, written, "prompt", max(chunks), idx, rids)
             self.log.add(Call("prompt", start, end, rids, max(chunks), idx,
                               tuple(self.queued[r].prefilled for r in rids), 0, 0, self.iteration, written, True,
                               fresh, chunks))
@@ -282,6 +295,8 @@ class EngineState:
         _, (written, fresh) = self._kv_apply(work, 0)
         if isinstance(work, FirstForward):
             contexts = tuple(self.queued[r].req.prompt_len for r in work.rids)
+            if self.memory is not None:
+                self._peak(held, written, "first", len(contexts), 0, contexts)
             self.log.add(Call("first", start, end, work.rids, len(work.rids), 0, contexts, 0, 0, self.iteration,
                               written, True, fresh))
             for rid in work.rids:
@@ -290,9 +305,12 @@ class EngineState:
                 self.ready[rid] = s
             return
         states = [self.ready[r] for r in work.rids]
+        contexts = tuple(s.context for s in states)
+        if self.memory is not None:
+            self._peak(held, written, "generate", len(states), 0, contexts)
         before = set(self.stepped)
         joined, left = sum(r not in before for r in work.rids), len(before - set(work.rids))
-        self.log.add(Call("generate", start, end, work.rids, len(work.rids), 0, tuple(s.context for s in states),
+        self.log.add(Call("generate", start, end, work.rids, len(work.rids), 0, contexts,
                           joined, left, self.iteration, written, True, fresh))
         self.stepped = work.rids
         returned = []
@@ -315,12 +333,16 @@ class EngineState:
             raise EngineError(f"time went backwards: call [{starts[0][0]}, {ends[0][0]}] after {self.now}")
         columns = []
         for w, begin, end in zip(work, starts, ends):
+            held = self.kv.resident() if self.memory is not None else 0
             if isinstance(w, Generate):  # mlx-lm: only steps of an unchanged batch (sim.steady)
-                columns.append(self._steady_generate(w, steps, begin, end))
+                columns.append(self._steady_generate(w, steps, begin, end, held))
                 continue
             if isinstance(w, Prefill):
                 s = self.queued[w.rid]
                 _, (written, fresh) = self._kv_apply(w, s.prefilled)  # the later chunks fit (sim.steady)
+                if self.memory is not None:  # the first chunk allocates, the last holds that and attends the most
+                    self._peak(held, written, "prefill", w.tokens, s.prefilled, ())
+                    self._peak(self.kv.resident(), 0, "prefill", w.tokens, s.prefilled + (steps - 1) * w.tokens, ())
                 columns.append(Column("prefill", (w.rid,), w.tokens, s.prefilled, begin, end, written, True, fresh))
                 s.prefilled += steps * w.tokens
                 continue
@@ -328,6 +350,10 @@ class EngineState:
             if self.batch_change(w) != (0, 0):
                 raise EngineError("a stretch's decode changes the batch's rows (sim.steady never asks for one)")
             _, (written, fresh) = self._kv_apply(w, 0)
+            if self.memory is not None:  # the first step allocates, the last holds that and attends the most
+                first = tuple(s.context for s in states)
+                self._peak(held, written, "decode", len(states), 0, first)
+                self._peak(self.kv.resident(), 0, "decode", len(states), 0, tuple(c + steps - 1 for c in first))
             columns.append(Column("decode", w.rids, len(w.rids), [s.context for s in states], begin, end,
                                   written, w.batched, fresh))
             if w.batched:
@@ -343,10 +369,14 @@ class EngineState:
         self.iteration += steps - 1
         self.now = ends[-1][-1]
 
-    def _steady_generate(self, w: Generate, steps: int, begin: list[float], end: list[float]) -> Column:
+    def _steady_generate(self, w: Generate, steps: int, begin: list[float], end: list[float], held: int) -> Column:
         """`steps` generation steps of the same rows; rows leave only after the last."""
         states = [self.ready[r] for r in w.rids]
         written, fresh = self.kv.generate(w.rids, set())
+        if self.memory is not None:
+            first = tuple(s.context for s in states)
+            self._peak(held, written, "generate", len(states), 0, first)
+            self._peak(self.kv.resident(), 0, "generate", len(states), 0, tuple(c + steps - 1 for c in first))
         self.kv.gen.idx += steps - 1
         column = Column("generate", w.rids, len(w.rids), [s.context for s in states], begin, end, written, True, fresh)
         leaving = set()
@@ -361,6 +391,11 @@ class EngineState:
         self._returned = (-1, [])
         return column
 
+    def _peak(self, held: int, written: int, kind: str, tokens: int, prefix: int, contexts) -> None:
+        """A call's peak memory into the run's (`sim.memory`), and the run's so far onto the log."""
+        self.memory.call(held, written, kind, tokens, prefix, contexts)
+        self.log.peak_memory = self.memory.peak
+
     def _ready_or_finish(self, s: RequestState) -> None:
         if s.output_left == 0:
             self.kv.finish(s.rid)
@@ -373,12 +408,14 @@ def _grown(cap: int, idx: int, n: int) -> int:
     return write(cap, idx, n)[1]
 
 
-def relog(trace: Trace, log: EventLog, largest: int = 0) -> EventLog:
+def relog(trace: Trace, log: EventLog, largest: int = 0, memory: MemoryModel | None = None) -> EventLog:
     """A measured log's calls through today's state machine, at their measured times: what the
     state derives from the calls (KV buffers written, fresh memory) recomputed with today's rules,
     for a log written before them. Single decodes need the log's `batched` flag (logs since 0.2).
-    mlx-lm's calls are rebuilt as the work they were (`work_of`), their prompt-batch joins inferred."""
-    state, sync = EngineState(trace, largest), None
+    mlx-lm's calls are rebuilt as the work they were (`work_of`), their prompt-batch joins inferred.
+    The measured peak memory is kept; with `memory`, the log's peak is that model's prediction for
+    these very calls instead."""
+    state, sync = EngineState(trace, largest, memory=memory), None
     order = {r.id: i for i, r in enumerate(trace.requests)}
     prompting: dict[int, list[str]] = {}  # iteration -> the rows of its first forward and prompt calls
     for c in log.calls:
@@ -398,6 +435,8 @@ def relog(trace: Trace, log: EventLog, largest: int = 0) -> EventLog:
                 state.apply(JoinPrompt(tuple(joining)), start, start)
         state.apply(work_of(c), start, c.end, synced)
         sync = None
+    if memory is None:
+        state.log.peak_memory = log.peak_memory
     return state.log
 
 

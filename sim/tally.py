@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.memory import GB
 from sim.metric_registry import NAMES
 from sim.quantiles import ALPHA, CAP, Distribution
 
@@ -89,6 +90,7 @@ class Tally:
         self.tokens = self.completed = self.input_tokens = self.good = 0
         self.last_token = -math.inf
         self.calls, self.busy = 0, 0.0
+        self.peak_memory: float | None = None  # bytes at the run's peak (`sim.memory`), None: not known
         # last emission of every request done and not yet behind every judged gap, in the order done;
         # those behind are only counted (`_judge`): the list does not grow with the run
         self._finish: list[float] = []
@@ -242,6 +244,7 @@ class Tally:
         m["slo_attained"] = self.good / len(self.table) if self.slo is not None and len(self.table) else math.nan
         m["engine_calls"] = self.calls
         m["busy_frac"] = per_s(self.busy)
+        m["peak_memory_gb"] = self.peak_memory / GB if self.peak_memory is not None else math.nan
         return {name: m[name] for name in NAMES}
 
     def estimated(self) -> dict[str, float]:

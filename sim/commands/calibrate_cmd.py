@@ -179,7 +179,27 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
           f"leave {per(c['leave'])}")
     if "replay" in prof["fit"]:
         report_replay(prof["fit"]["replay"])
+    report_memory(prof.get("memory"))
     print(f"wrote {prof['_path']}")
+
+
+def report_memory(m: dict | None) -> None:
+    """The peak-memory model (`sim.memory`): its sizes, and its errors on points and runs it has not seen."""
+    if not m:
+        return
+    if m.get("prefill") is None:
+        print(f"  peak memory: {m.get('note', 'not measured')}")
+        return
+    print(f"  peak memory: weights {m['weights_bytes'] / 1e9:.3f} GB, KV {m['kv_bytes_per_token'] / 1e3:.1f} KB "
+          "per token-row; a call's rise above what it holds (its KV copies and activations):")
+    for step in ("prefill", "decode"):
+        e = m.get("errors", {}).get(step)
+        if e:
+            print(f"    {step:8s} held-out relative error ({e['held_out']} points) mean {e['form_mean']:.1%} max "
+                  f"{e['form_max']:.1%}; cross-validated mean {e['cv_form_mean']:.1%} max {e['cv_form_max']:.1%}")
+    for r in m.get("errors", {}).get("runs", []):
+        print(f"    engine run {r['name']} ({r['part']}): whole peak predicted {r['predicted_bytes'] / 1e9:.4f} GB, "
+              f"measured {r['measured_bytes'] / 1e9:.4f} GB ({r['rel_error']:+.1%})")
 
 
 def report_mlx_lm(m: dict) -> None:

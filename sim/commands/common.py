@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import policies
+from sim.memory import NO_MEMORY_NOTE
 from sim.costmodel import BUILTIN, check_profile_matches, cost_model, load_profile
 from sim.errors import InputError
 from sim.metrics import Slo, parse_slo
@@ -275,7 +276,10 @@ def cost_from_args(args: argparse.Namespace):
     if prof.get("illustrative"):
         print("note: using the built-in ILLUSTRATIVE profile (not measured on this machine); "
               "run `pdsim calibrate` for real figures")
-    return prof, cost_model(prof)
+    cost = cost_model(prof)
+    if cost.memory is None:
+        print(f"note: {NO_MEMORY_NOTE}")
+    return prof, cost
 
 
 def add_slo_args(p: argparse.ArgumentParser) -> None:
