@@ -105,14 +105,14 @@ def evaluate(trace: Trace, setting: dict, cost, slo: Slo | None, stall_ms: float
     gc.disable()
     try:
         if keep_log is True:
-            log = simulate(trace, policies.make(**setting), cost)
+            log = simulate(trace, policies.make(**setting, cost=cost), cost)
             return score(log, slo, stall_ms), log.to_dict()
         writer = None
         if keep_log:
             from sim.logfile import LogWriter
             writer = LogWriter(keep_log, RequestTable.of(trace.requests), overwrite=True)
         try:
-            tally = simulate_scored(trace, policies.make(**setting), cost, slo, stall_ms, keep_rows=bool(writer),
+            tally = simulate_scored(trace, policies.make(**setting, cost=cost), cost, slo, stall_ms, keep_rows=bool(writer),
                                     writer=writer)
         except BaseException:
             if writer is not None:
