@@ -22,7 +22,8 @@ import math
 from policies.base import PolicyError
 
 AUTO = "auto:"
-IDLE_BUDGETS = ("budget", "whole")  # idle_budget's values; "budget" is the default
+IDLE_BUDGETS = ("budget", "whole")
+MAX_TOKENS = 1 << 53  # a larger budget can only be a typo (the CLI's largest count)  # idle_budget's values; "budget" is the default
 
 
 def parse_budget(value) -> int | str | None:
@@ -30,8 +31,8 @@ def parse_budget(value) -> int | str | None:
     `auto:MS` with MS a finite number of milliseconds > 0, written canonically (`auto:40`).
     PolicyError, in one line naming the value, for anything else."""
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        if value is not None and value < 1:
-            raise PolicyError(f"budget must be a positive number of tokens, got {value}")
+        if value is not None and not 1 <= value <= MAX_TOKENS:
+            raise PolicyError(f"budget must be a positive number of tokens up to {MAX_TOKENS:,}, got {value}")
         return value
     if isinstance(value, float) and value.is_integer():
         return parse_budget(int(value))

@@ -195,7 +195,8 @@ def work_estimate(point: Point, trace: Trace) -> float:
     if s["policy"] == "mlx-lm":
         return out / s["decode_concurrency"] + prompt / (s["prefill_step"] * s["prompt_concurrency"])
     one_at_a_time = s["policy"] == "fifo" or s.get("decode") == "single"
-    return out / (1 if one_at_a_time else s["batch_size"]) + prompt / (s["budget"] or 1e9)
+    budget = s["budget"] if isinstance(s["budget"], int) else 64 if s["budget"] else 1e9  # auto:MS: a guess
+    return out / (1 if one_at_a_time else s["batch_size"]) + prompt / budget
 
 
 def run_points(points: list[Point], inputs: Inputs, workers: int | None = None, scheduler: str | None = None,
