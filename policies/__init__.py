@@ -25,8 +25,8 @@ POLICIES = {
                        lambda o, cost: Fifo(o), ("decode",)),
     "eager": PolicyInfo("a request's whole prompt in one prefill call, then one decode for every active request",
                         lambda o, cost: eager(o), ("batch_size", "decode", "order")),
-    "chunked": PolicyInfo("the pending request prefills at most `budget` tokens per iteration, then one decode "
-                          "for every active request", lambda o, cost: Chunked(o, cost=cost),
+    "chunked": PolicyInfo("the pending request prefills at most `budget` tokens per iteration (auto:MS: as many as "
+                          "keep the predicted iteration within MS ms), then one decode for every active request", lambda o, cost: Chunked(o, cost=cost),
                           ("budget", "batch_size", "decode", "order", "idle_budget")),
     # built by `make` from its own options (MLX_LM_OPTIONS), not from `Options`
     "mlx-lm": PolicyInfo("mlx-lm's BatchGenerator (mlx_lm.server): one step of the generation batch, then up to "

@@ -49,7 +49,6 @@ class Chunked:
         o = self.opts
         ready = list(islice(state.ready, o.batch_size + 1))  # the slots, and whether one waits
         slots, blocked = ready[:o.batch_size], len(ready) > o.batch_size
-        chunk: list[Work] = []
         # tiny-llm: a request that waited for a slot takes it in an iteration with no prefill
         taking = o.order == "chunk-first" and any(state.ready[r].generated == 1 and not state.ready[r].req.prefilled
                                                    for r in slots)
