@@ -81,8 +81,16 @@ def budget_arg(text: str) -> int | str:
     """An argparse type: a chunk budget, a whole number of tokens >= 1 or auto:TARGET_MS."""
     from policies import PolicyError
     from policies.budget import parse_budget
+    if not text.strip().lower().startswith("auto"):
+        try:
+            return positive_int(text)
+        except argparse.ArgumentTypeError:
+            if text.strip().lstrip("+-").isdigit():
+                raise
+            raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number of tokens nor auto:TARGET_MS "
+                                             "(e.g. auto:40)") from None
     try:
-        return parse_budget(int(text) if text.strip().lstrip("-").isdigit() else text)
+        return parse_budget(text)
     except PolicyError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
