@@ -41,7 +41,7 @@ import sys
 from sim.costmodel import cost_model, load_profile
 c = cost_model(load_profile(sys.argv[1]))
 step = c.decode([200] * 4)
-print(" ".join(f"{round((step + c.prefill(n, 100)) * 1e3, -1):.0f}" for n in (16, 64)))
+print(" ".join(f"{(step + c.prefill(n, 100)) * 1e3:.3g}" for n in (16, 64)))
 EOF
 )
   echo "targets from the profile (a decode step of 4 rows + a 16- and a 64-token chunk): $TARGETS ms"
