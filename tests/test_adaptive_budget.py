@@ -260,3 +260,11 @@ def test_bad_adaptive_budgets_get_one_line_and_exit_2(args, says, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_picks_break_ties_fixed_budgets_then_auto_by_target_then_whole_prompts():
+    import pandas as pd
+    from sim.pick import Objective, rank
+    df = pd.DataFrame({"label": ["e", "a80", "b64", "a40", "b16"], "budget": [None, "auto:80", 64, "auto:40", 16],
+                       "output_throughput": [1.0] * 5})
+    assert list(rank(df, [], Objective())["label"]) == ["b16", "b64", "a40", "a80", "e"]
