@@ -21,7 +21,9 @@ class Policy(Protocol):
     # True promises: when `schedule` returns decodes and chunks that do not complete a prompt, it
     # returns the same work (same requests, same chunk sizes) next iteration, unless a request
     # arrived or finished, or one of the decodes is a request's first. The replay then prices a
-    # whole stretch at once (`sim.steady`).
+    # whole stretch at once (`sim.steady`). A policy whose chunk sizes change between such
+    # iterations (an `auto:MS` budget) sets `steady_chunks = False`: only its iterations without a
+    # chunk are then priced as stretches.
     steady: bool
 
     def schedule(self, state: EngineState) -> list[Work]:
