@@ -268,3 +268,10 @@ def test_picks_break_ties_fixed_budgets_then_auto_by_target_then_whole_prompts()
     df = pd.DataFrame({"label": ["e", "a80", "b64", "a40", "b16"], "budget": [None, "auto:80", 64, "auto:40", 16],
                        "output_throughput": [1.0] * 5})
     assert list(rank(df, [], Objective())["label"]) == ["b16", "b64", "a40", "a80", "e"]
+
+
+def test_report_charts_order_auto_budgets_after_fixed_ones():
+    from sim.report.frames import budget_label, budget_order
+    labels = [budget_label(b) for b in (128, "auto:80", None, 16, "auto:40", float("nan"), "32")]
+    assert labels == ["128", "auto:80", "whole prompt", "16", "auto:40", "whole prompt", "32"]
+    assert budget_order(labels) == ["16", "32", "128", "auto:40", "auto:80", "whole prompt"]
