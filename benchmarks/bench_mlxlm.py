@@ -34,7 +34,7 @@ def main() -> None:
             gc.collect()
             gc.disable()  # as sweeps run (sim.sweep.evaluate)
             t0 = time.perf_counter()
-            log = simulate(trace, policies.make(**setting), cost)
+            log = simulate(trace, policies.make(**setting, cost=cost), cost)
             t1 = time.perf_counter()
             m = score(log)
             t2 = time.perf_counter()

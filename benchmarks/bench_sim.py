@@ -23,7 +23,7 @@ def main() -> None:
         trace = poisson(n, a.rate, 64, 512, 32, 128, seed=0)
         for setting in ({"policy": "chunked", "budget": 128, "batch_size": 8}, {"policy": "eager", "batch_size": 8}):
             t0 = time.perf_counter()
-            log = simulate(trace, policies.make(**setting), cost)
+            log = simulate(trace, policies.make(**setting, cost=cost), cost)
             t1 = time.perf_counter()
             m = score(log)
             t2 = time.perf_counter()

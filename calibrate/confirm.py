@@ -85,6 +85,7 @@ def gate(prof: dict, trace: Trace, settings: list[dict], engine: str = "pdsim") 
     req = max(trace.requests[:4], key=lambda r: r.prompt_len)
     prompt = prompt_tokens(req, lm.vocab_size)
     steps = {s.get("budget") or s.get("prefill_step") for s in settings} - {None}
+    steps = {b for b in steps if isinstance(b, int)}  # an auto:MS budget's chunks vary: the default length below
     budgets = sorted({b for b in steps if b < len(prompt)} or {max(1, len(prompt) // 3)})
     logits = [chunked_logits_match(lm, prompt[:min(len(prompt), 2 * b + 1)], b) for b in budgets]
     from calibrate.executor import RealEngine
@@ -97,7 +98,8 @@ def gate(prof: dict, trace: Trace, settings: list[dict], engine: str = "pdsim") 
         calls = all(check.ok for _, check, _ in runs)
         return {"logits": logits, "greedy_tokens_identical": same, "policy_calls_identical": calls,
                 "ok": same and calls and all(g["ok"] for g in logits)}
-    outs = [real.run(short, policies.make(**s)).outputs for s in settings]
+    cost = cost_model(prof)
+    outs = [real.run(short, policies.make(**s, cost=cost)).outputs for s in settings]
     same = all(o == outs[0] for o in outs)
     return {"logits": logits, "greedy_tokens_identical": same,
             "ok": same and all(g["ok"] for g in logits)}
@@ -124,7 +126,7 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
         data = finished_run(out, s, sha)
         if data is None:
             spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup,
-                    "engine": engine}
+                    "engine": engine, "cost": prof["cost"]}  # the prices an auto:MS budget decides by
             try:
                 run_fresh(spec, out)
             except RunFailed as e:
@@ -153,10 +155,11 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
     for s in settings:
         label = setting_label(s)
         # the worker served a warm-up first, in the same process: predict that process
-        warm, policy = warmup_trace(trace), policies.make(**s)
-        predicted, spread = predict(trace, policy, cost, noise, replicas, warm, stall_ms)
+        warm = warmup_trace(trace)
+        predicted, spread = predict(trace, lambda: policies.make(**s, cost=cost), cost, noise, replicas, warm,
+                                    stall_ms)
         mine = [r for r in runs if r["label"] == label]
-        logs = [relogged(trace, r["log"], s) for r in mine]
+        logs = [relogged(trace, r["log"], s, cost) for r in mine]
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
         measured, errors = {}, {}

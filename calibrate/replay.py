@@ -113,10 +113,12 @@ def between_calls_share(logs: list[EventLog]) -> float:
     return between / (between + inside) if inside else 0.0
 
 
-def relogged(trace: Trace, log: dict, setting: dict) -> EventLog:
+def relogged(trace: Trace, log: dict, setting: dict, policy_cost=None) -> EventLog:
     """A worker run's log (`calibrate.worker`: a warm-up, then `trace` under `setting`) with what
     the state machine derives from its calls (KV buffers written, fresh memory against the
-    warm-up's largest array) recomputed by today's rules, at the measured times."""
+    warm-up's largest array) recomputed by today's rules, at the measured times. `policy_cost`:
+    the cost model the run's policy priced its chunks with (an `auto:MS` budget), so the warm-up
+    replayed here makes the run's decisions."""
     cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0))  # shapes only: the warm-up's requests arrive at t=0
-    largest = warmed(warmup_trace(trace), policies.make(**setting), cost)
+    largest = warmed(warmup_trace(trace), policies.make(**setting, cost=policy_cost or cost), cost)
     return relog(trace, EventLog.from_dict(log), largest)

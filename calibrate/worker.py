@@ -16,6 +16,7 @@ import policies
 from calibrate.executor import RealEngine
 from calibrate.host import host_info
 from calibrate.model import build_as_profiled
+from sim.costmodel import cost_model
 from sim.files import atomic_write_json
 from traces.trace import Request, Trace, load_jsonl
 
@@ -38,7 +39,9 @@ def run_spec(spec: dict) -> dict:
     if spec.get("engine", "pdsim") == "mlx-lm":
         return _run_batch_generator(lm, trace, spec)
     engine = RealEngine(lm)
-    policy = policies.make(**spec["setting"])
+    # an auto:MS budget prices its chunks with the profile confirm was given, as the simulator does
+    cost = cost_model({"cost": spec["cost"]}) if "cost" in spec else None
+    policy = policies.make(**spec["setting"], cost=cost)
     for _ in range(spec.get("warmup", 1)):
         engine.run(warmup_trace(trace), policy)
     t0 = time.perf_counter()

@@ -4,27 +4,30 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from policies.base import Options, Policy, PolicyError
+from policies.budget import check_idle_budget, is_adaptive, parse_budget
 from policies.chunked import Chunked, eager
 from policies.fifo import Fifo
 from policies.mlxlm import MlxLm
 
 
 class PolicyInfo(NamedTuple):
-    """A policy's one-line description, its factory, and the options its loop reads: the others
+    """A policy's one-line description, its factory (from the options and the run's cost model), and
+    the options its loop reads: the others
     do not change what it runs (`sim.settings` gives them one fixed value, so fifo at batch size 4
     and at 8 is one setting, swept once)."""
     doc: str
-    build: Callable[[Options], Policy] | None
+    build: Callable[[Options, object], Policy] | None
     uses: tuple[str, ...]
 
 
 POLICIES = {
     "fifo": PolicyInfo("one request at a time: its whole prefill, then all its decodes (the meTile FIFO reference)",
-                       lambda o: Fifo(o), ("decode",)),
+                       lambda o, cost: Fifo(o), ("decode",)),
     "eager": PolicyInfo("a request's whole prompt in one prefill call, then one decode for every active request",
-                        eager, ("batch_size", "decode", "order")),
-    "chunked": PolicyInfo("the pending request prefills at most `budget` tokens per iteration, then one decode "
-                          "for every active request", lambda o: Chunked(o), ("budget", "batch_size", "decode", "order")),
+                        lambda o, cost: eager(o), ("batch_size", "decode", "order")),
+    "chunked": PolicyInfo("the pending request prefills at most `budget` tokens per iteration (auto:MS: as many as "
+                          "keep the predicted iteration within MS ms), then one decode for every active request", lambda o, cost: Chunked(o, cost=cost),
+                          ("budget", "batch_size", "decode", "order", "idle_budget")),
     # built by `make` from its own options (MLX_LM_OPTIONS), not from `Options`
     "mlx-lm": PolicyInfo("mlx-lm's BatchGenerator (mlx_lm.server): one step of the generation batch, then up to "
                          "`prompt_concurrency` prompts prefilled together, `prefill_step` tokens each per call",
@@ -33,7 +36,11 @@ POLICIES = {
 MLX_LM_OPTIONS = ("prefill_step", "prompt_concurrency", "decode_concurrency")  # mlx-lm's own; no other policy's
 
 OPTION_HELP = {
-    "budget": "prompt tokens per iteration (chunked; fifo and eager prefill whole prompts)",
+    "budget": "prompt tokens per iteration (chunked; fifo and eager prefill whole prompts), or auto:MS: each "
+              "iteration the longest chunk whose predicted iteration time (chunk + decodes, from the profile's "
+              "cost model) is <= MS milliseconds, at least 1 token",
+    "idle_budget": "budget (default) | whole: the whole prompt in one call when no request is decoding "
+                   "(chunked; with a fixed or an auto budget)",
     "batch_size": "maximum requests decoding at once (eager, chunked; fifo decodes one request at a time)",
     "decode": "batched (one call for all) | single (one call per request)",
     "order": "chunk-first (tiny-llm) | decode-first (meTile) (eager, chunked)",
@@ -44,24 +51,29 @@ OPTION_HELP = {
 }
 
 
-def make(policy: str, budget: int | None = None, batch_size: int = 4, decode: str = "batched",
-         order: str = "chunk-first", **mlx_lm: int) -> Policy:
-    """Build a policy from a setting dict's fields (policy name, budget, batch size, decode, order;
-    for mlx-lm, its `MLX_LM_OPTIONS`)."""
+def make(policy: str, budget: int | str | None = None, batch_size: int = 4, decode: str = "batched",
+         order: str = "chunk-first", idle_budget: str | None = None, *, cost=None, **mlx_lm: int) -> Policy:
+    """Build a policy from a setting dict's fields (policy name, budget, batch size, decode, order,
+    idle budget; for mlx-lm, its `MLX_LM_OPTIONS`). `cost`: the cost model of the run (the
+    simulator's, or the profile a confirm runs against), which an `auto:MS` budget prices its
+    chunks with; policies that do not need it ignore it."""
     if policy not in POLICIES:
         raise PolicyError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     unknown = [k for k in mlx_lm if k not in MLX_LM_OPTIONS]
     if unknown:
-        raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, "
+        raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, idle_budget, "
                           + ", ".join(MLX_LM_OPTIONS))
     if policy == "mlx-lm":
+        if is_adaptive(parse_budget(budget), idle_budget):
+            raise PolicyError("policy 'mlx-lm' takes no budget auto:MS or idle_budget whole: its prefill step is fixed "
+                              "by --prefill-step (mlx_lm.server --prefill-step-size)")
         return MlxLm(**{k: v for k, v in mlx_lm.items() if v is not None})
     if any(v is not None for v in mlx_lm.values()):
         raise PolicyError(f"policy {policy!r} takes no {', '.join(k for k, v in mlx_lm.items() if v is not None)} "
                           "(options of mlx-lm)")
     if policy == "chunked" and budget is None:
         raise PolicyError("policy 'chunked' needs a budget (--budget N)")
-    return POLICIES[policy].build(Options(budget, batch_size, decode, order))
+    return POLICIES[policy].build(Options(budget, batch_size, decode, order, check_idle_budget(idle_budget)), cost)
 
 
 __all__ = ["MLX_LM_OPTIONS", "OPTION_HELP", "POLICIES", "Options", "Policy", "PolicyError", "PolicyInfo", "make"]

@@ -21,7 +21,9 @@ class Policy(Protocol):
     # True promises: when `schedule` returns decodes and chunks that do not complete a prompt, it
     # returns the same work (same requests, same chunk sizes) next iteration, unless a request
     # arrived or finished, or one of the decodes is a request's first. The replay then prices a
-    # whole stretch at once (`sim.steady`).
+    # whole stretch at once (`sim.steady`). A policy whose chunk sizes change between such
+    # iterations (an `auto:MS` budget) sets `steady_chunks = False`: only its iterations without a
+    # chunk are then priced as stretches.
     steady: bool
 
     def schedule(self, state: EngineState) -> list[Work]:
@@ -31,20 +33,30 @@ class Policy(Protocol):
 @dataclass(frozen=True)
 class Options:
     """The knobs the seeds' loops differ in, shared by every policy."""
-    budget: int | None = None  # prompt tokens per iteration (prefill_max_step); None = whole prompt
+    # prompt tokens per iteration (prefill_max_step); None = whole prompt; "auto:MS": the longest
+    # chunk whose predicted iteration time is at most MS milliseconds (`policies.budget`)
+    budget: int | str | None = None
     batch_size: int = 4  # maximum number of requests decoding at once
     decode: str = "batched"  # "batched": one call for all; "single": one call per request (meTile)
     order: str = "chunk-first"  # "chunk-first" (tiny-llm) or "decode-first" (meTile chunked)
+    idle_budget: str = "budget"  # "whole": the whole prompt when no request is decoding (`policies.budget`)
 
     def __post_init__(self) -> None:
-        if self.budget is not None and self.budget < 1:
-            raise PolicyError(f"budget must be a positive number of tokens, got {self.budget}")
+        from policies.budget import check_idle_budget, parse_budget
+        object.__setattr__(self, "budget", parse_budget(self.budget))
+        object.__setattr__(self, "idle_budget", check_idle_budget(self.idle_budget))
         if self.batch_size < 1:
             raise PolicyError(f"batch size must be >= 1, got {self.batch_size}")
         if self.decode not in ("batched", "single"):
             raise PolicyError(f"decode must be 'batched' or 'single', got {self.decode!r}")
         if self.order not in ("chunk-first", "decode-first"):
             raise PolicyError(f"order must be 'chunk-first' or 'decode-first', got {self.order!r}")
+
+    @property
+    def auto_s(self) -> float | None:
+        """The target of an `auto:MS` budget in seconds; None for a fixed budget or whole prompts."""
+        from policies.budget import auto_target
+        return auto_target(self.budget)
 
     def decodes(self, rids: list[str]) -> list[Work]:
         """One batched call, or one call per request."""

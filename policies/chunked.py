@@ -7,6 +7,11 @@ decodes before the chunk (meTile) or after it (tiny-llm, where a request that fi
 prefill joins the same iteration's decode, and a request that waited for a slot takes it in an
 iteration that only decodes: tiny-llm's `run_batch_requests_serving` takes the next pending
 request only in the iteration after). eager is chunked with no budget: a whole prompt in one call.
+
+The budget may adapt (`policies.budget`): `auto:MS` prices each candidate chunk with the cost
+model the policy was built with (`cost`, handed in by whoever runs it: the simulator's, or on
+the real engine the profile confirm was given), and `idle_budget="whole"` runs the whole prompt
+when no request is decoding.
 """
 from __future__ import annotations
 
@@ -14,8 +19,10 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import ClassVar
 
-from policies.base import Options
-from sim.state import EngineState
+from policies.base import Options, PolicyError
+from policies.budget import largest_fitting
+from sim.state import EngineState, RequestState
+from sim.steady import host_seconds, iteration_seconds
 from sim.work import Prefill, Work
 
 
@@ -23,25 +30,61 @@ from sim.work import Prefill, Work
 class Chunked:
     opts: Options = field(default_factory=lambda: Options(budget=128))
     name: str = "chunked"
+    cost: object | None = None  # the cost model an `auto:MS` budget prices chunks with (`sim.costmodel`)
     steady: ClassVar[bool] = True
+
+    @property
+    def steady_chunks(self) -> bool:
+        """An `auto` chunk changes from one iteration to the next (the prefix and the decode contexts
+        grow), so only its iterations without a chunk repeat (`sim.steady.steady_steps`)."""
+        return self.opts.auto_s is None
+
+    def __post_init__(self) -> None:
+        self._target = self.opts.auto_s
+        if self._target is not None and self.cost is not None and not getattr(self.cost, "pdsim_forms", True):
+            raise PolicyError(f"budget {self.opts.budget}: the profile prices mlx-lm's calls only; an auto budget "
+                              "prices pdsim's prefill and decode calls (calibrate without --engine mlx-lm)")
 
     def schedule(self, state: EngineState) -> list[Work]:
         o = self.opts
         ready = list(islice(state.ready, o.batch_size + 1))  # the slots, and whether one waits
         slots, blocked = ready[:o.batch_size], len(ready) > o.batch_size
-        chunk: list[Work] = []
         # tiny-llm: a request that waited for a slot takes it in an iteration with no prefill
         taking = o.order == "chunk-first" and any(state.ready[r].generated == 1 and not state.ready[r].req.prefilled
                                                    for r in slots)
         if state.queued and not blocked and not taking:
             s = next(iter(state.queued.values()))
-            n = min(s.prefill_left, o.budget or s.prefill_left)
+            return self._iteration(s, self._chunk(state, s, slots), slots)
+        return self._iteration(None, 0, slots)
+
+    def _iteration(self, s: RequestState | None, n: int, slots: list[str]) -> list[Work]:
+        """The calls of an iteration that prefills n tokens of `s` (none if n is 0) and decodes the slots."""
+        o = self.opts
+        chunk: list[Work] = []
+        if n:
             chunk = [Prefill(s.rid, n)]
             joins = o.order == "chunk-first" and n == s.prefill_left and s.output_left > 1
             if joins and len(slots) < o.batch_size:
                 slots = slots + [s.rid]
         decodes = o.decodes(slots)
         return chunk + decodes if o.order == "chunk-first" else decodes + chunk
+
+    def _chunk(self, state: EngineState, s: RequestState, slots: list[str]) -> int:
+        """Tokens of `s` to prefill this iteration: the budget, or all that is left when it is None or
+        nothing decodes under idle_budget "whole", or the longest chunk that keeps the predicted
+        iteration time within an `auto` target (at least 1)."""
+        o, left = self.opts, s.prefill_left
+        if o.budget is None or (o.idle_budget == "whole" and not state.ready):
+            return left
+        if self._target is None:
+            return min(left, o.budget)
+        if self.cost is None:
+            raise PolicyError(f"budget {o.budget} needs a cost model to price its chunks: build the policy "
+                              "with the run's profile (policies.make(..., cost=...))")
+        memo: dict = {}
+        host, target = host_seconds(self.cost), self._target
+        return largest_fitting(
+            lambda n: iteration_seconds(self.cost, state, self._iteration(s, n, slots), host, memo) <= target, left)
 
 
 def eager(opts: Options) -> Chunked:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from policies.budget import auto_target
 from sim import metric_registry as registry
 from sim.errors import UserError
 
@@ -127,7 +128,8 @@ def feasible(df: pd.DataFrame, constraints: list[Constraint]) -> pd.Series:
 
 def rank(df: pd.DataFrame, constraints: list[Constraint], objective: Objective,
          tiebreak: str | None = None) -> pd.DataFrame:
-    """Feasible rows with a finite objective, best first (ties: lower `tiebreak`, smaller budget, label)."""
+    """Feasible rows with a finite objective, best first (ties: lower `tiebreak`, smaller budget, label;
+    fixed budgets by size, then auto:MS ones by target, then whole prompts)."""
     if objective.metric not in df.columns:
         raise PickError(f"--objective: unknown metric {objective.metric!r} (not a column of the results)")
     obj = pd.to_numeric(df[objective.metric], errors="coerce").astype(float)
@@ -138,15 +140,18 @@ def rank(df: pd.DataFrame, constraints: list[Constraint], objective: Objective,
         rows["_tie"] = pd.to_numeric(rows[tiebreak], errors="coerce").astype(float)
         keys.append("_tie")
         asc.append(True)
-    if "budget" in rows.columns:  # then the smaller budget, whole prompts last
-        rows["_budget"] = pd.to_numeric(rows["budget"], errors="coerce").astype(float).fillna(math.inf)
-        keys.append("_budget")
-        asc.append(True)
+    if "budget" in rows.columns:  # then the smaller budget: fixed, then auto:MS, whole prompts last
+        fixed = pd.to_numeric(rows["budget"], errors="coerce").astype(float)
+        auto = pd.Series([auto_target(b) for b in rows["budget"]], index=rows.index, dtype=float)
+        rows["_kind"] = np.where(fixed.notna(), 0, np.where(auto.notna(), 1, 2))
+        rows["_budget"] = fixed.fillna(auto).fillna(math.inf)
+        keys += ["_kind", "_budget"]
+        asc += [True, True]
     if "label" in rows.columns:
         keys.append("label")
         asc.append(True)
     rows = rows.sort_values(keys, ascending=asc, kind="mergesort")
-    return rows.drop(columns=[k for k in ("_obj", "_tie", "_budget") if k in rows.columns])
+    return rows.drop(columns=[k for k in ("_obj", "_tie", "_kind", "_budget") if k in rows.columns])
 
 
 def pareto_front(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from statistics import median
 
+from typing import Callable
+
 from policies.base import Policy
 from sim.costmodel import CostModel
 from sim.metrics import score
@@ -21,14 +23,15 @@ from traces.trace import Trace
 REPLICAS = 15
 
 
-def predict(trace: Trace, policy: Policy, cost: CostModel, noise: CallNoise | None = None,
+def predict(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: CallNoise | None = None,
             replicas: int = REPLICAS, warmup: Trace | None = None,
             stall_ms: float = 100.0) -> tuple[dict, dict[str, tuple[float, float]]]:
     """Every metric of the run as predicted (NaN where no replay has one), and each metric's
-    range (min, max) over the replays ({} for the one replay at typical times)."""
+    range (min, max) over the replays ({} for the one replay at typical times). `policy` makes
+    a fresh policy for each replay (a policy may keep a run's queue)."""
     if noise is None or replicas < 1:
-        return score(simulate(trace, policy, cost, warmup=warmup), stall_ms=stall_ms), {}
-    runs = [score(simulate(trace, policy, cost, warmup=warmup, noise=noise.sampler(i)), stall_ms=stall_ms)
+        return score(simulate(trace, policy(), cost, warmup=warmup), stall_ms=stall_ms), {}
+    runs = [score(simulate(trace, policy(), cost, warmup=warmup, noise=noise.sampler(i)), stall_ms=stall_ms)
             for i in range(replicas)]
     out, spread = {}, {}
     for k in runs[0]:

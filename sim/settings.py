@@ -14,14 +14,18 @@ from typing import Iterable, Mapping
 
 import policies
 from policies import PolicyError
+from policies.budget import check_idle_budget, is_adaptive, parse_budget
 from policies.mlxlm import DEFAULTS as MLX_LM_SERVER_DEFAULTS
 
-DEFAULTS = {"budget": None, "batch_size": 4, "decode": "batched", "order": "chunk-first"}
+DEFAULTS = {"budget": None, "batch_size": 4, "decode": "batched", "order": "chunk-first", "idle_budget": "budget"}
 # mlx-lm's own options (mlx_lm.server's flags), with the server's defaults; no other policy reads them
 MLX_LM_DEFAULTS = dict(MLX_LM_SERVER_DEFAULTS)
 # the value an option takes in a policy that does not read it
-UNUSED = {"budget": None, "batch_size": 1, "decode": "batched", "order": "chunk-first",
+UNUSED = {"budget": None, "batch_size": 1, "decode": "batched", "order": "chunk-first", "idle_budget": "budget",
           **{k: None for k in MLX_LM_DEFAULTS}}
+# keys a setting's dict holds only when they differ from the default, so the dicts (and confirm
+# manifests, results files) of settings that do not use them are what they were before them
+SPARSE = {"idle_budget": "budget"}
 KEYS = ("policy", *DEFAULTS, *MLX_LM_DEFAULTS)
 
 
@@ -29,15 +33,20 @@ KEYS = ("policy", *DEFAULTS, *MLX_LM_DEFAULTS)
 class Setting:
     """A policy and its options; unread options normalized, the whole checked by `policies.make`."""
     policy: str
-    budget: int | None = None
+    budget: int | str | None = None  # tokens, None (whole prompts) or "auto:MS" (`policies.budget`)
     batch_size: int = 4
     decode: str = "batched"
     order: str = "chunk-first"
     prefill_step: int | None = None
     prompt_concurrency: int | None = None
     decode_concurrency: int | None = None
+    idle_budget: str = "budget"
 
     def __post_init__(self) -> None:
+        if isinstance(self.budget, str):  # "auto:40.0" is auto:40; "32" (a table cell) is 32
+            object.__setattr__(self, "budget", parse_budget(self.budget))
+        if not isinstance(self.idle_budget, str):  # a table cell with no value
+            object.__setattr__(self, "idle_budget", check_idle_budget(None))
         for key in ("budget", "batch_size", *MLX_LM_DEFAULTS):  # from a table row: 32.0 is 32, NaN is no value
             v = getattr(self, key)
             if isinstance(v, float) or hasattr(v, "item"):
@@ -69,13 +78,13 @@ class Setting:
         """The policy's family of keys: mlx-lm's own three, or pdsim's four (so a pdsim setting's
         dict is the same as before mlx-lm was modelled)."""
         keys = ("policy", *MLX_LM_DEFAULTS) if self.policy == "mlx-lm" else ("policy", *DEFAULTS)
-        return {k: getattr(self, k) for k in keys}
+        return {k: getattr(self, k) for k in keys if k not in SPARSE or getattr(self, k) != SPARSE[k]}
 
     @property
     def label(self) -> str:
-        """`chunked/b128/bs4`, `eager/bs4/decode-first`, `fifo/single`, `mlx-lm/s512/p4/d32`: the options
-        the policy reads."""
-        budget = [f"b{self.budget}"] if self.budget is not None else []
+        """`chunked/b128/bs4`, `chunked/auto:40/bs4/idle-whole`, `eager/bs4/decode-first`, `fifo/single`,
+        `mlx-lm/s512/p4/d32`: the options the policy reads."""
+        budget = [] if self.budget is None else [self.budget] if isinstance(self.budget, str) else [f"b{self.budget}"]
         return "/".join([self.policy, *budget, *self.variant_parts()])
 
     def variant_parts(self) -> list[str]:
@@ -88,6 +97,8 @@ class Setting:
             parts.append(self.decode)
         if self.order != "chunk-first":
             parts.append(self.order)
+        if self.idle_budget != "budget":
+            parts.append(f"idle-{self.idle_budget}")
         return parts
 
 
@@ -110,14 +121,25 @@ def grid_settings(policy_names: Iterable[str], budgets: Iterable[int | None] = (
                   batch_sizes: Iterable[int] = (4,), decodes: Iterable[str] = ("batched",),
                   orders: Iterable[str] = ("chunk-first",), prefill_steps: Iterable[int | None] = (None,),
                   prompt_concurrencies: Iterable[int | None] = (None,),
-                  decode_concurrencies: Iterable[int | None] = (None,)) -> list[dict]:
+                  decode_concurrencies: Iterable[int | None] = (None,),
+                  idle_budgets: Iterable[str] = ("budget",)) -> list[dict]:
     """Every combination of the options, each distinct setting once (`unique`): mlx-lm's options do
-    not multiply the other policies, nor theirs mlx-lm."""
+    not multiply the other policies, nor theirs mlx-lm. An adaptive budget (`auto:MS`, idle_budget
+    whole) in a grid where no policy reads a budget is refused: mlx-lm's step is fixed by its
+    --prefill-step, and fifo and eager prefill whole prompts."""
+    policy_names, budgets, idle_budgets = list(policy_names), list(budgets), list(idle_budgets)
+    adaptive = [str(b) for b in budgets if is_adaptive(parse_budget(b), None)] + \
+        [f"idle_budget {i}" for i in idle_budgets if is_adaptive(None, i)]
+    if adaptive and not any("budget" in policies.POLICIES[p].uses for p in policy_names if p in policies.POLICIES):
+        step = " (its prefill step is fixed by --prefill-step, mlx_lm.server's --prefill-step-size)" \
+            if "mlx-lm" in policy_names else ""
+        raise PolicyError(f"{adaptive[0]}: policy {', '.join(policy_names)} reads no chunk budget{step}; "
+                          "budgets apply to chunked")
     return unique({"policy": p, "budget": b, "batch_size": bs, "decode": d, "order": o, "prefill_step": st,
-                   "prompt_concurrency": pc, "decode_concurrency": dc}
-                  for p, b, bs, d, o, st, pc, dc in itertools.product(
+                   "prompt_concurrency": pc, "decode_concurrency": dc, "idle_budget": ib}
+                  for p, b, bs, d, o, st, pc, dc, ib in itertools.product(
                       policy_names, budgets, batch_sizes, decodes, orders, prefill_steps, prompt_concurrencies,
-                      decode_concurrencies))
+                      decode_concurrencies, idle_budgets))
 
 
 def unique(settings: Iterable["Setting | Mapping"]) -> list[dict]:

@@ -134,6 +134,21 @@ class EngineState:
             return self._kv_apply(work, 0, kv.what_if())
         return NONE, (grown, grown if grown > kv.largest else 0)
 
+    def what_if(self, work: list[Work]) -> "EngineState":
+        """A scratch copy to follow pdsim's `work` on without changing this state: the requests it
+        names and the batch cache's rows copied, the KV buffers copied, a log that keeps nothing
+        (`sim.steady.iteration_seconds` prices an iteration on it)."""
+        named = set(self.kv.rows)
+        for w in work:
+            named.update((w.rid,) if isinstance(w, Prefill) else w.rids)
+        s = EngineState.__new__(EngineState)
+        s.trace, s.now, s.iteration, s.arrived, s.finished = self.trace, self.now, self.iteration, self.arrived, 0
+        s.queued = {r: replace(self.queued[r]) for r in named if r in self.queued}
+        s.ready = {r: replace(st) for r, st in self.ready.items() if r in named}
+        s.kv, s.log = self.kv.what_if(), _NoLog()
+        s._returned, s.stepped = (-1, []), self.stepped
+        return s
+
     def cached(self, rids) -> dict[str, int]:
         """Tokens each request's cache holds before its next decode (all but its last token)."""
         return {r: self.ready[r].context - 1 for r in set(rids) | set(self.kv.rows) if r in self.ready}
@@ -402,6 +417,17 @@ class EngineState:
             self.finished += 1
         else:
             self.ready[s.rid] = s
+
+
+class _NoLog:
+    """The log of a scratch state (`EngineState.what_if`): takes calls and tokens, keeps nothing."""
+
+    def __init__(self) -> None:
+        from collections import defaultdict
+        self.tokens = defaultdict(list)
+
+    def add(self, call: Call) -> None:
+        pass
 
 
 def _grown(cap: int, idx: int, n: int) -> int:

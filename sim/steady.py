@@ -22,14 +22,14 @@ from sim.state import EngineState
 from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 
 
-def call_costs(cost: CostModel, state: EngineState, work: Work) -> tuple[float, float]:
+def call_costs(cost: CostModel, state: EngineState, work: Work, rows=None) -> tuple[float, float]:
     """Seconds that `work` takes on the modelled engine, from the shapes the state gives it, priced
     as its logged calls would be (`sim.residuals.price`): the batch cache's rebuild first (0 unless
-    requests join or leave it), then the call itself."""
+    requests join or leave it), then the call itself. `rows`: `state.kv_rows(work)`, if known."""
     try:
         if isinstance(work, JoinPrompt):
             return 0.0, 0.0  # no model call (`sim.work.JoinPrompt`)
-        (sync_written, sync_fresh), (written, fresh) = state.kv_rows(work)
+        (sync_written, sync_fresh), (written, fresh) = rows or state.kv_rows(work)
         if isinstance(work, BatchPrefill):
             contexts = [state.queued[r].prefilled for r, _ in work.rows]
             return 0.0, price(cost, "prompt", max(n for _, n in work.rows), state.kv.prompt.idx, contexts, True, 0, 0,
@@ -51,6 +51,41 @@ def call_costs(cost: CostModel, state: EngineState, work: Work) -> tuple[float, 
         raise
 
 
+def host_seconds(cost: CostModel, engine: str = "pdsim") -> float:
+    """Host work before an iteration's first call, as the replay charges it."""
+    return cost.overhead(engine) if hasattr(cost, "overhead") else cost.iteration
+
+
+def iteration_seconds(cost: CostModel, state: EngineState, work: list[Work], host: float,
+                      memo: dict | None = None) -> float:
+    """What the replay would charge for the iteration `work` if it ran next: `host` then every
+    call, each priced after the ones before it ran (`call_costs`). An `auto` budget compares
+    candidate chunks with it (`policies.budget`), so a chunk the simulator runs costs what the
+    policy predicted. Calls that allocate no fresh memory and complete no prompt change nothing
+    another call's price reads (a chunk writes its own cache, a decode the batch's), so each is
+    priced on the state as it is, once (`memo`: prices by call, for the candidates of one
+    iteration); otherwise the iteration is followed on a scratch copy (`EngineState.what_if`)."""
+    memo = {} if memo is None else memo
+    completes = any(isinstance(w, Prefill) and w.tokens == state.queued[w.rid].prefill_left for w in work)
+    if not completes or len(work) == 1:
+        total, fresh = host, False
+        for w in work:
+            got = memo.get(w)
+            if got is None:
+                rows = state.kv_rows(w)
+                got = memo[w] = (sum(call_costs(cost, state, w, rows)), rows[0][1] + rows[1][1] > 0)
+            total += got[0]
+            fresh = fresh or got[1]
+        if not fresh or len(work) == 1:
+            return total
+    scratch, t = state.what_if(work), host
+    for w in work:
+        sync, seconds = call_costs(cost, scratch, w)
+        scratch.apply(w, scratch.now, scratch.now + (sync + seconds), scratch.now + sync)
+        t += sync + seconds
+    return t
+
+
 def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
     """How many iterations of `work` could run back to back if nothing arrived; < 2 = not worth it.
 
@@ -61,6 +96,8 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
     """
     if not getattr(policy, "steady", False) or sum(isinstance(w, Decode) and w.batched for w in work) > 1:
         return 0
+    if not getattr(policy, "steady_chunks", True) and any(isinstance(w, Prefill) for w in work):
+        return 0  # its chunks change from one iteration to the next (an `auto` budget)
     if any(isinstance(w, (JoinPrompt, BatchPrefill, FirstForward, Generate)) for w in work):
         return _generate_steps(state, work)
     steps, seen = None, set()

@@ -105,14 +105,14 @@ def evaluate(trace: Trace, setting: dict, cost, slo: Slo | None, stall_ms: float
     gc.disable()
     try:
         if keep_log is True:
-            log = simulate(trace, policies.make(**setting), cost)
+            log = simulate(trace, policies.make(**setting, cost=cost), cost)
             return score(log, slo, stall_ms), log.to_dict()
         writer = None
         if keep_log:
             from sim.logfile import LogWriter
             writer = LogWriter(keep_log, RequestTable.of(trace.requests), overwrite=True)
         try:
-            tally = simulate_scored(trace, policies.make(**setting), cost, slo, stall_ms, keep_rows=bool(writer),
+            tally = simulate_scored(trace, policies.make(**setting, cost=cost), cost, slo, stall_ms, keep_rows=bool(writer),
                                     writer=writer)
         except BaseException:
             if writer is not None:
@@ -195,7 +195,8 @@ def work_estimate(point: Point, trace: Trace) -> float:
     if s["policy"] == "mlx-lm":
         return out / s["decode_concurrency"] + prompt / (s["prefill_step"] * s["prompt_concurrency"])
     one_at_a_time = s["policy"] == "fifo" or s.get("decode") == "single"
-    return out / (1 if one_at_a_time else s["batch_size"]) + prompt / (s["budget"] or 1e9)
+    budget = s["budget"] if isinstance(s["budget"], int) else 64 if s["budget"] else 1e9  # auto:MS: a guess
+    return out / (1 if one_at_a_time else s["batch_size"]) + prompt / budget
 
 
 def run_points(points: list[Point], inputs: Inputs, workers: int | None = None, scheduler: str | None = None,

@@ -177,3 +177,32 @@ def test_tune_runs_the_whole_loop(profile, tmp_path):
     assert "Per-call predicted/measured" in (out / "report" / "report.html").read_text()
     code, _, err = pdsim("tune", "--model", "qwen3-99b", "-o", str(tmp_path / "t2"))
     assert code == 2 and "unknown model" in err and not (tmp_path / "t2").exists()
+
+
+def test_confirm_runs_an_auto_budget_with_the_profiles_prices(profile, tmp_path):
+    """On the real engine an auto:MS budget prices its chunks with the profile confirm was given (the
+    worker gets its cost model): every run makes the calls the prediction makes (all requests arrive
+    at t=0, so decisions depend on the state and the prices alone)."""
+    from sim.replay import simulate
+    from calibrate.replay import relogged
+    from calibrate.worker import warmup_trace
+    import policies
+    from traces.trace import Trace
+    cost = cost_model(load_profile(profile))
+    ms = (cost.decode([30, 30]) + cost.prefill(8, 16)) * 1e3  # binds: a chunk of about 8 beside two decodes
+    budget = f"auto:{ms:.3g}"
+    out = tmp_path / "auto.json"
+    code, stdout, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--policy", "chunked", "--budget",
+                              budget, "--idle-budget", "whole", "--batch-size", "2", "--repeats", "1", "-o", str(out))
+    assert code == 0, err
+    rep = json.loads(out.read_text())
+    (res,) = rep["results"]
+    assert res["label"] == f"chunked/{budget}/bs2/idle-whole" and f"chunked/{budget}/bs2/idle-whole" in stdout
+    trace = Trace.from_dicts(rep["trace"]["requests"], rep["trace"]["meta"])
+    s = rep["settings"][0]
+    predicted = simulate(trace, policies.make(**s, cost=cost), cost, warmup=warmup_trace(trace))
+    shape = lambda log: [(c.kind, c.rids, c.tokens, c.prefix, c.iteration) for c in log.calls]
+    (run,) = rep["runs"]
+    assert shape(relogged(trace, run["log"], s, cost)) == shape(predicted)
+    chunks = [c.tokens for c in predicted.calls if c.kind == "prefill"]
+    assert len(set(chunks)) > 2

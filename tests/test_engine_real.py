@@ -108,3 +108,28 @@ def test_simulated_calls_write_the_buffers_the_real_ones_do(engine, setting):
         bare.add(c._replace(written=0, fresh=0))
     again = relog(trace, bare, largest=warmed(warm, policy, cost))
     assert [shape(c) for c in again.calls] == [shape(c) for c in real]
+
+
+def test_adaptive_budgets_make_the_simulators_calls(engine):
+    """auto:MS and idle_budget whole on the real executor: the policy decides by the cost model it
+    was built with and the state alone, so with every request arriving at t=0 the real engine makes
+    exactly the simulator's calls (same iterations, chunks, prefixes, batches), though its calls
+    take other times than those prices."""
+    from sim.costmodel import LinearCostModel
+    from sim.replay import simulate
+    trace = tinyllm(5, 20, 90, 4, 8, seed=5, vocab=1024)
+    cost = LinearCostModel((2e-3, 1e-4, 1e-7, 0.0), (3e-3, 2e-4, 1e-7), 1e-4, copy=1e-6)
+    shape = lambda log: [(c.kind, c.rids, c.tokens, c.prefix, c.iteration) for c in log.calls]
+    for s in ({"policy": "chunked", "budget": "auto:6", "batch_size": 2},
+              {"policy": "chunked", "budget": "auto:9", "batch_size": 3, "order": "decode-first",
+               "idle_budget": "whole"},
+              {"policy": "chunked", "budget": 16, "batch_size": 2, "idle_budget": "whole"}):
+        real = RealEngine(engine.lm).run(trace, policies.make(**s, cost=cost))
+        predicted = simulate(trace, policies.make(**s, cost=cost), cost)
+        assert shape(real.log) == shape(predicted)
+        chunks = [c.tokens for c in real.log.calls if c.kind == "prefill"]
+        assert sum(chunks) == sum(r.prompt_len for r in trace.requests)
+        if s["budget"] != 16:
+            assert len(set(chunks)) > 3  # the chunk adapts to the prefix and the batch
+        else:  # the first request prefills alone: its whole prompt in one call
+            assert chunks[0] == trace.requests[0].prompt_len > 16

@@ -84,13 +84,14 @@ def test_a_factor_multiplies_every_call():
 
 
 def test_prediction_is_the_median_over_replays():
-    cost, policy = cost_model(load_profile(BUILTIN)), policies.make("chunked", budget=16, batch_size=2)
+    cost = cost_model(load_profile(BUILTIN))
+    policy = lambda: policies.make("chunked", budget=16, batch_size=2)
     plain, none = predict(trace(), policy, cost)
-    assert none == {} and plain == score(simulate(trace(), policy, cost))
+    assert none == {} and plain == score(simulate(trace(), policy(), cost))
     noise = CallNoise((0.9, 1.0, 1.0, 1.5), 100)
     got, spread = predict(trace(), policy, cost, noise, replicas=7)
     assert (got, spread) == predict(trace(), policy, cost, noise, replicas=7)  # the same every time
-    runs = [score(simulate(trace(), policy, cost, noise=noise.sampler(i))) for i in range(7)]
+    runs = [score(simulate(trace(), policy(), cost, noise=noise.sampler(i))) for i in range(7)]
     for k in ("decode_gap_max_ms", "p99_itl_ms", "makespan_s"):
         vals = sorted(r[k] for r in runs)
         assert got[k] == vals[3] and spread[k] == (vals[0], vals[-1])

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import policies
+from policies.budget import is_adaptive
 from sim.memory import NO_MEMORY_NOTE
 from sim.costmodel import BUILTIN, check_profile_matches, cost_model, load_profile
 from sim.errors import InputError
@@ -75,6 +76,27 @@ def positive_fraction(text: str) -> float:
     if not v > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return v
+
+
+def budget_arg(text: str) -> int | str:
+    """An argparse type: a chunk budget, a whole number of tokens >= 1 or auto:TARGET_MS."""
+    from policies import PolicyError
+    from policies.budget import parse_budget
+    if not text.strip().lower().startswith("auto"):
+        try:
+            return positive_int(text)
+        except argparse.ArgumentTypeError:
+            if text.strip().lstrip("+-").isdigit():
+                raise
+            raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number of tokens nor auto:TARGET_MS "
+                                             "(e.g. auto:40)") from None
+    try:
+        return parse_budget(text)
+    except PolicyError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+budget_arg.__name__ = "budget"
 
 
 def add_trace_args(p: argparse.ArgumentParser) -> None:
@@ -181,8 +203,12 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     g = p.add_argument_group("policy" + (" grid (several values make several settings)" if many else ""))
     g.add_argument("--policy", nargs=n, default=["chunked"] if many else "chunked",
                    help=f"one of: {', '.join(policies.POLICIES)} (default chunked)")
-    g.add_argument("--budget", nargs=n, type=positive_int, default=[128] if many else 128,
-                   help="prompt tokens per iteration, the chunk budget (default 128)")
+    g.add_argument("--budget", nargs=n, type=budget_arg, default=[128] if many else 128, metavar="N|auto:MS",
+                   help="prompt tokens per iteration, the chunk budget (default 128); auto:MS: each iteration the "
+                        "longest chunk whose predicted iteration time is <= MS ms (from the profile's cost model)")
+    g.add_argument("--idle-budget", nargs=n, choices=["budget", "whole"], default=["budget"] if many else "budget",
+                   help="whole: prefill the whole prompt in one call when no request is decoding (default budget: "
+                        "the budget applies always)")
     g.add_argument("--batch-size", nargs=n, type=positive_int, default=[4] if many else 4,
                    help="maximum requests decoding at once (default 4)")
     g.add_argument("--decode", nargs=n, choices=["batched", "single"], default=["batched"] if many else "batched",
@@ -195,13 +221,14 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     if many:
         g.add_argument("--setting", nargs="+", metavar="POLICY[:KEY=VALUE,...]",
                        help="explicit settings instead of a grid, e.g. eager "
-                            "chunked:budget=128,order=decode-first mlx-lm:prefill_step=512 (keys: budget, batch_size, "
-                            "decode, order; mlx-lm: prefill_step, prompt_concurrency, decode_concurrency; "
+                            "chunked:budget=128,order=decode-first chunked:budget=auto:40,idle_budget=whole "
+                            "mlx-lm:prefill_step=512 (keys: budget, batch_size, decode, order, idle_budget; mlx-lm: "
+                            "prefill_step, prompt_concurrency, decode_concurrency; "
                             "unset keys take the first value of the grid options)")
 
 
 # the grid's options, in `sim.settings.grid_settings`' order
-GRID_KEYS = ("budget", "batch_size", "decode", "order", *MLX_LM_DEFAULTS)
+GRID_KEYS = ("budget", "batch_size", "decode", "order", *MLX_LM_DEFAULTS, "idle_budget")
 
 
 def settings_from_args(args: argparse.Namespace) -> list[dict]:
@@ -225,7 +252,18 @@ def parse_setting(text: str, defaults: dict) -> dict:
         key = key.strip().replace("-", "_")
         if not eq or key not in defaults:
             raise InputError(f"--setting {text!r}: expected KEY=VALUE with KEY one of {', '.join(defaults)}")
-        if key in ("budget", "batch_size") or key in MLX_LM_DEFAULTS:
+        if key == "budget":
+            try:
+                s[key] = budget_arg(val)
+            except argparse.ArgumentTypeError as e:
+                raise InputError(f"--setting {text!r}: {e}") from None
+            if name == "mlx-lm" and is_adaptive(s[key], None):
+                raise InputError(f"--setting {text!r}: mlx-lm takes no budget auto:MS (its prefill step is fixed by "
+                                 "prefill_step, mlx_lm.server's --prefill-step-size)")
+        elif key == "idle_budget" and name == "mlx-lm":
+            raise InputError(f"--setting {text!r}: mlx-lm takes no idle_budget (its prefill step is fixed by "
+                             "prefill_step, mlx_lm.server's --prefill-step-size)")
+        elif key in ("batch_size",) or key in MLX_LM_DEFAULTS:
             try:
                 s[key] = int(val)
             except ValueError:

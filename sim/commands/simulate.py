@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         from sim.logfile import LogWriter
         writer = LogWriter(args.log_out, RequestTable.of(trace.requests), args.overwrite)
     try:
-        tally = simulate_scored(trace, policies.make(**setting), cost, slo, args.stall_ms,
+        tally = simulate_scored(trace, policies.make(**setting, cost=cost), cost, slo, args.stall_ms,
                                 keep_rows=len(trace) <= SHOWN_REQUESTS or writer is not None, writer=writer)
     except BaseException:
         if writer is not None:

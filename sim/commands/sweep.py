@@ -16,7 +16,7 @@ from sim.sweep_results import (RESULT_NAMES, SweepPlan, SweepResult, log_points,
 from sim.table import fmt, table
 
 GRID_OPTIONS = ("--trace", "--policy", "--budget", "--batch-size", "--decode", "--order", "--prefill-step",
-                "--prompt-concurrency", "--decode-concurrency")
+                "--prompt-concurrency", "--decode-concurrency", "--idle-budget")
 
 
 def add_parser(sub) -> None:
@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace, settings: list[dict], folder: OutputFolder | 
     grid_options = {"policy": args.policy, "budget": args.budget, "batch_size": args.batch_size,
                     "decode": args.decode, "order": args.order, "prefill_step": args.prefill_step,
                     "prompt_concurrency": args.prompt_concurrency, "decode_concurrency": args.decode_concurrency,
-                    "setting": getattr(args, "setting", None)}
+                    "idle_budget": args.idle_budget, "setting": getattr(args, "setting", None)}
     execute(plan, folder, grid_options, args.logs, args.overwrite, args.workers, args.scheduler,
             not args.no_progress, args.connect_timeout)
     return 0

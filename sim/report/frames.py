@@ -12,15 +12,22 @@ from sim import metric_registry as registry
 from sim.log import EventLog
 from sim.metrics import decode_gaps
 from sim.report.inputs import LogSeries, ReportError
+from policies.budget import auto_target
 from sim.settings import KEYS, variant_label
 
 
 def budget_label(b) -> str:
+    if isinstance(b, str):  # auto:MS (or a number read back from a CSV cell)
+        return b
     return "whole prompt" if b is None or (isinstance(b, float) and math.isnan(b)) else str(int(b))
 
 
 def budget_order(labels) -> list[str]:
-    return sorted(set(labels), key=lambda s: (s == "whole prompt", int(s) if s.isdigit() else 0))
+    """Fixed budgets by size, then auto:MS ones by target, then whole prompts."""
+    def key(s: str):
+        auto = auto_target(s)
+        return (s == "whole prompt", auto is not None, auto or (int(s) if s.isdigit() else 0))
+    return sorted(set(labels), key=key)
 
 
 def group_name(row) -> str:
