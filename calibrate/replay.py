@@ -82,7 +82,7 @@ def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bo
 
 def samples_from_log(log: EventLog, source: str) -> list[dict]:
     """Every call of a measured run as a calibration sample (the fit's shape fields and seconds)."""
-    return [call_sample(c, source) for c in log.calls]
+    return [call_sample(c, source) for c in log.calls if c.kind != "preempt"]  # a preemption runs no kernel
 
 
 def call_sample(c: Call, source: str) -> dict:

@@ -6,7 +6,9 @@ from typing import Callable, NamedTuple
 from policies.base import Options, Policy, PolicyError
 from policies.chunked import Chunked, eager
 from policies.fifo import Fifo
-from policies.mlxlm import MlxLm
+from policies.mlxlm import MODELLED, MlxLm
+from sim.errors import InputError
+from sim.memory import parse_kv_limit
 
 
 class PolicyInfo(NamedTuple):
@@ -20,11 +22,12 @@ class PolicyInfo(NamedTuple):
 
 POLICIES = {
     "fifo": PolicyInfo("one request at a time: its whole prefill, then all its decodes (the meTile FIFO reference)",
-                       lambda o: Fifo(o), ("decode",)),
+                       lambda o: Fifo(o), ("decode", "kv_limit")),
     "eager": PolicyInfo("a request's whole prompt in one prefill call, then one decode for every active request",
-                        eager, ("batch_size", "decode", "order")),
+                        eager, ("batch_size", "decode", "order", "kv_limit")),
     "chunked": PolicyInfo("the pending request prefills at most `budget` tokens per iteration, then one decode "
-                          "for every active request", lambda o: Chunked(o), ("budget", "batch_size", "decode", "order")),
+                          "for every active request", lambda o: Chunked(o), ("budget", "batch_size", "decode", "order",
+                                                                            "kv_limit")),
     # built by `make` from its own options (MLX_LM_OPTIONS), not from `Options`
     "mlx-lm": PolicyInfo("mlx-lm's BatchGenerator (mlx_lm.server): one step of the generation batch, then up to "
                          "`prompt_concurrency` prompts prefilled together, `prefill_step` tokens each per call",
@@ -37,6 +40,9 @@ OPTION_HELP = {
     "batch_size": "maximum requests decoding at once (eager, chunked; fifo decodes one request at a time)",
     "decode": "batched (one call for all) | single (one call per request)",
     "order": "chunk-first (tiny-llm) | decode-first (meTile) (eager, chunked)",
+    "kv_limit": "KV-cache limit, tokens (4096, 4096tok) or memory (2GB, 0.5GB, 1GiB; via the model's bytes per KV "
+                "token); a request is admitted when its cache fits, the newest is preempted and recomputed when "
+                "decodes outgrow it (vLLM's default); default: no limit (fifo, eager, chunked; not mlx-lm)",
     "prefill_step": "mlx-lm only: prompt tokens per row per call (mlx_lm.server --prefill-step-size, default 2048)",
     "prompt_concurrency": "mlx-lm only: prompts prefilled together (--prompt-concurrency, default 8)",
     "decode_concurrency": "mlx-lm only: requests generating at once; raised to at least prompt_concurrency "
@@ -45,14 +51,21 @@ OPTION_HELP = {
 
 
 def make(policy: str, budget: int | None = None, batch_size: int = 4, decode: str = "batched",
-         order: str = "chunk-first", **mlx_lm: int) -> Policy:
-    """Build a policy from a setting dict's fields (policy name, budget, batch size, decode, order;
-    for mlx-lm, its `MLX_LM_OPTIONS`)."""
+         order: str = "chunk-first", kv_limit=None, **mlx_lm: int) -> Policy:
+    """Build a policy from a setting dict's fields (policy name, budget, batch size, decode, order,
+    KV limit; for mlx-lm, its `MLX_LM_OPTIONS`)."""
     if policy not in POLICIES:
         raise PolicyError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    try:
+        kv_limit = parse_kv_limit(kv_limit)
+    except InputError as e:
+        raise PolicyError(str(e)) from None
+    if kv_limit is not None and policy == "mlx-lm":
+        raise PolicyError(f"policy 'mlx-lm' takes no kv_limit ({kv_limit}): mlx-lm {'/'.join(MODELLED)}'s BatchGenerator has "
+                          "no KV-cache limit, admission or preemption (pdsim models it as it is)")
     unknown = [k for k in mlx_lm if k not in MLX_LM_OPTIONS]
     if unknown:
-        raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, "
+        raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, kv_limit, "
                           + ", ".join(MLX_LM_OPTIONS))
     if policy == "mlx-lm":
         return MlxLm(**{k: v for k, v in mlx_lm.items() if v is not None})
@@ -61,7 +74,7 @@ def make(policy: str, budget: int | None = None, batch_size: int = 4, decode: st
                           "(options of mlx-lm)")
     if policy == "chunked" and budget is None:
         raise PolicyError("policy 'chunked' needs a budget (--budget N)")
-    return POLICIES[policy].build(Options(budget, batch_size, decode, order))
+    return POLICIES[policy].build(Options(budget, batch_size, decode, order, kv_limit))
 
 
 __all__ = ["MLX_LM_OPTIONS", "OPTION_HELP", "POLICIES", "Options", "Policy", "PolicyError", "PolicyInfo", "make"]

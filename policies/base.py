@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from sim.memory import KVLimit
 from sim.state import EngineState
 from sim.work import Decode, Work
 
@@ -35,6 +36,9 @@ class Options:
     batch_size: int = 4  # maximum number of requests decoding at once
     decode: str = "batched"  # "batched": one call for all; "single": one call per request (meTile)
     order: str = "chunk-first"  # "chunk-first" (tiny-llm) or "decode-first" (meTile chunked)
+    # the KV cache every request's together may hold (None: no limit); the engine state enforces it
+    # (`sim.kvlimit`), a policy only asks `state.fits` before it admits a request to prefill
+    kv_limit: KVLimit | None = None
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.budget < 1:

@@ -33,11 +33,11 @@ class Chunked:
         # tiny-llm: a request that waited for a slot takes it in an iteration with no prefill
         taking = o.order == "chunk-first" and any(state.ready[r].generated == 1 and not state.ready[r].req.prefilled
                                                    for r in slots)
-        if state.queued and not blocked and not taking:
-            s = next(iter(state.queued.values()))
+        s = next(iter(state.queued.values())) if state.queued and not blocked and not taking else None
+        if s is not None and state.fits(s.rid):  # a KV limit admits it only when its cache fits
             n = min(s.prefill_left, o.budget or s.prefill_left)
             chunk = [Prefill(s.rid, n)]
-            joins = o.order == "chunk-first" and n == s.prefill_left and s.output_left > 1
+            joins = o.order == "chunk-first" and n == s.prefill_left and s.owes_decode
             if joins and len(slots) < o.batch_size:
                 slots = slots + [s.rid]
         decodes = o.decodes(slots)
@@ -45,4 +45,4 @@ class Chunked:
 
 
 def eager(opts: Options) -> Chunked:
-    return Chunked(Options(None, opts.batch_size, opts.decode, opts.order), "eager")
+    return Chunked(Options(None, opts.batch_size, opts.decode, opts.order, opts.kv_limit), "eager")

@@ -160,6 +160,7 @@ class LinearCostModel:
     prefill_rem: tuple[float, float] = (0.0, 0.0)  # their cost: once if any, and per row
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
     pdsim_forms: bool = True  # False: a profile of mlx-lm's calls only, which cannot price pdsim's engine
+    kv_bytes: int | None = None  # bytes of one KV-cache token of the profile's model (`sim.memory`), if known
 
     def mlx_lm_call(self, kind: str, tokens: int, idx: int, contexts: Sequence[int], written: int,
                     fresh: int) -> float:
@@ -277,6 +278,10 @@ class GridCostModel:
         return self.linear.copy
 
     @property
+    def kv_bytes(self) -> int | None:
+        return self.linear.kv_bytes
+
+    @property
     def fresh(self) -> float:
         return self.linear.fresh
 
@@ -343,10 +348,12 @@ def load_profile(path: str | Path) -> dict:
 def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     """The cost model a profile asks for: each step's `use` ("fit", the default, or "grid"; profiles
     before per-step choices say it once, as `cost.use`)."""
+    from sim.memory import profile_kv_bytes
     c = prof["cost"]
     mlx = mlx_lm_costs(c["mlx_lm"]) if "mlx_lm" in c else None
+    kv_bytes = profile_kv_bytes(prof)
     if "prefill" not in c:  # a profile of mlx-lm's calls only
-        return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False)
+        return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False, kv_bytes=kv_bytes)
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]), float(c.get("iteration", 0.0)),
                           join=_triple(c.get("join")), leave=_triple(c.get("leave")),
                           prefill_dense=Curve.from_pairs(c["prefill"].get("dense")),
@@ -354,7 +361,8 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           decode_knot=float(c["decode"].get("knot") or "inf"), decode_lone=c["decode"].get("lone"),
                           copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
-                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx)
+                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx,
+                          kv_bytes=kv_bytes)
     grid = {step: c[step].get("use", c.get("use", "fit")) == "grid" for step in ("prefill", "decode")}
     if any(grid.values()):
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),

@@ -173,6 +173,7 @@ def tally_of(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0, kee
     order = np.argsort(ends, kind="stable")
     tally.decode_calls(ends[order], its[order])
     tally.engine_calls(log.call_count, log.busy_seconds())
+    tally.preemptions(*log.preemptions())
     return tally
 
 

@@ -15,13 +15,15 @@ from typing import Iterable, Mapping
 import policies
 from policies import PolicyError
 from policies.mlxlm import DEFAULTS as MLX_LM_SERVER_DEFAULTS
+from sim.errors import InputError
+from sim.memory import parse_kv_limit
 
-DEFAULTS = {"budget": None, "batch_size": 4, "decode": "batched", "order": "chunk-first"}
+DEFAULTS = {"budget": None, "batch_size": 4, "decode": "batched", "order": "chunk-first", "kv_limit": None}
 # mlx-lm's own options (mlx_lm.server's flags), with the server's defaults; no other policy reads them
 MLX_LM_DEFAULTS = dict(MLX_LM_SERVER_DEFAULTS)
 # the value an option takes in a policy that does not read it
 UNUSED = {"budget": None, "batch_size": 1, "decode": "batched", "order": "chunk-first",
-          **{k: None for k in MLX_LM_DEFAULTS}}
+          **{k: None for k in MLX_LM_DEFAULTS}}  # (a KV limit is never dropped: mlx-lm refuses one)
 KEYS = ("policy", *DEFAULTS, *MLX_LM_DEFAULTS)
 
 
@@ -33,6 +35,7 @@ class Setting:
     batch_size: int = 4
     decode: str = "batched"
     order: str = "chunk-first"
+    kv_limit: int | str | None = None  # tokens, or an amount of memory ("2GB"): `sim.memory.parse_kv_limit`
     prefill_step: int | None = None
     prompt_concurrency: int | None = None
     decode_concurrency: int | None = None
@@ -45,6 +48,11 @@ class Setting:
                 object.__setattr__(self, key, None if math.isnan(v) else int(v) if v.is_integer() else v)
         if self.policy not in policies.POLICIES:
             raise PolicyError(f"unknown policy {self.policy!r}; known: {', '.join(policies.POLICIES)}")
+        try:  # one spelling per limit: 4096 and "4096tok" are one setting, "0.50GB" is "0.5GB"
+            limit = parse_kv_limit(self.kv_limit)
+        except InputError as e:
+            raise PolicyError(str(e)) from None
+        object.__setattr__(self, "kv_limit", None if limit is None else limit.tokens or str(limit))
         uses = policies.POLICIES[self.policy].uses
         for key, value in UNUSED.items():
             if key not in uses:
@@ -88,6 +96,8 @@ class Setting:
             parts.append(self.decode)
         if self.order != "chunk-first":
             parts.append(self.order)
+        if self.kv_limit is not None:
+            parts.append(f"kv{self.kv_limit}")
         return parts
 
 
@@ -110,14 +120,15 @@ def grid_settings(policy_names: Iterable[str], budgets: Iterable[int | None] = (
                   batch_sizes: Iterable[int] = (4,), decodes: Iterable[str] = ("batched",),
                   orders: Iterable[str] = ("chunk-first",), prefill_steps: Iterable[int | None] = (None,),
                   prompt_concurrencies: Iterable[int | None] = (None,),
-                  decode_concurrencies: Iterable[int | None] = (None,)) -> list[dict]:
+                  decode_concurrencies: Iterable[int | None] = (None,),
+                  kv_limits: Iterable[int | str | None] = (None,)) -> list[dict]:
     """Every combination of the options, each distinct setting once (`unique`): mlx-lm's options do
     not multiply the other policies, nor theirs mlx-lm."""
     return unique({"policy": p, "budget": b, "batch_size": bs, "decode": d, "order": o, "prefill_step": st,
-                   "prompt_concurrency": pc, "decode_concurrency": dc}
-                  for p, b, bs, d, o, st, pc, dc in itertools.product(
+                   "prompt_concurrency": pc, "decode_concurrency": dc, "kv_limit": kv}
+                  for p, b, bs, d, o, st, pc, dc, kv in itertools.product(
                       policy_names, budgets, batch_sizes, decodes, orders, prefill_steps, prompt_concurrencies,
-                      decode_concurrencies))
+                      decode_concurrencies, kv_limits))
 
 
 def unique(settings: Iterable["Setting | Mapping"]) -> list[dict]:

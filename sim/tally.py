@@ -89,6 +89,7 @@ class Tally:
         self.tokens = self.completed = self.input_tokens = self.good = 0
         self.last_token = -math.inf
         self.calls, self.busy = 0, 0.0
+        self.preempted, self.recomputed = 0, 0  # preemptions by the KV limit, the tokens they freed
         # last emission of every request done and not yet behind every judged gap, in the order done;
         # those behind are only counted (`_judge`): the list does not grow with the run
         self._finish: list[float] = []
@@ -167,8 +168,14 @@ class Tally:
             self._judge(final=False)
 
     def engine_calls(self, n: int, busy_seconds: float) -> None:
+        """`n` calls of the log (its "preempt" calls too: `preemptions` says how many are those)."""
         self.calls += n
         self.busy += busy_seconds
+
+    def preemptions(self, n: int, tokens: int) -> None:
+        """`n` preemptions by the KV limit, freeing `tokens` cached tokens (recomputed later)."""
+        self.preempted += n
+        self.recomputed += tokens
 
     # ---- decode-completion gaps ----------------------------------------------------------------
 
@@ -240,7 +247,9 @@ class Tally:
         m["total_token_throughput"] = per_s(self.input_tokens + out_tokens)
         m["request_goodput"] = per_s(self.good) if self.slo is not None else math.nan
         m["slo_attained"] = self.good / len(self.table) if self.slo is not None and len(self.table) else math.nan
-        m["engine_calls"] = self.calls
+        m["engine_calls"] = self.calls - self.preempted  # a preemption runs no kernel
+        m["preemptions"] = self.preempted
+        m["recomputed_tokens"] = self.recomputed
         m["busy_frac"] = per_s(self.busy)
         return {name: m[name] for name in NAMES}
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import policies
 from sim.costmodel import BUILTIN, check_profile_matches, cost_model, load_profile
 from sim.errors import InputError
+from sim.memory import parse_kv_limit
 from sim.metrics import Slo, parse_slo
 from sim.settings import MLX_LM_DEFAULTS, grid_settings, unique
 from traces.generators import BURSTINESS_HELP, GENERATORS, MAX_REQUESTS, MAX_WITH_IDS
@@ -188,19 +189,31 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
                    help="batched: one call for all; single: one call per request")
     g.add_argument("--order", nargs=n, choices=["chunk-first", "decode-first"],
                    default=["chunk-first"] if many else "chunk-first")
+    g.add_argument("--kv-limit", nargs=n, type=kv_limit_arg, default=[None] if many else None,
+                   metavar="TOKENS|GB", help=policies.OPTION_HELP["kv_limit"])
     for key, default in MLX_LM_DEFAULTS.items():  # mlx_lm.server's flags, for the mlx-lm policy
         g.add_argument("--" + key.replace("_", "-"), nargs=n, type=positive_int, default=[default] if many else default,
                        help=policies.OPTION_HELP[key])
     if many:
         g.add_argument("--setting", nargs="+", metavar="POLICY[:KEY=VALUE,...]",
                        help="explicit settings instead of a grid, e.g. eager "
-                            "chunked:budget=128,order=decode-first mlx-lm:prefill_step=512 (keys: budget, batch_size, "
-                            "decode, order; mlx-lm: prefill_step, prompt_concurrency, decode_concurrency; "
+                            "chunked:budget=128,order=decode-first,kv_limit=2GB mlx-lm:prefill_step=512 (keys: "
+                            "budget, batch_size, decode, order, kv_limit; mlx-lm: prefill_step, prompt_concurrency, "
+                            "decode_concurrency; "
                             "unset keys take the first value of the grid options)")
 
 
+def kv_limit_arg(text: str) -> int | str | None:
+    """An argparse type: a KV limit (`sim.memory.parse_kv_limit`), as a setting holds it."""
+    try:
+        limit = parse_kv_limit(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"kv limit {text!r}: ")) from None
+    return None if limit is None else limit.tokens or str(limit)
+
+
 # the grid's options, in `sim.settings.grid_settings`' order
-GRID_KEYS = ("budget", "batch_size", "decode", "order", *MLX_LM_DEFAULTS)
+GRID_KEYS = ("budget", "batch_size", "decode", "order", *MLX_LM_DEFAULTS, "kv_limit")
 
 
 def settings_from_args(args: argparse.Namespace) -> list[dict]:
@@ -229,6 +242,11 @@ def parse_setting(text: str, defaults: dict) -> dict:
                 s[key] = int(val)
             except ValueError:
                 raise InputError(f"--setting {text!r}: {key} must be a whole number, got {val!r}") from None
+        elif key == "kv_limit":
+            try:
+                s[key] = kv_limit_arg(val)
+            except argparse.ArgumentTypeError as e:
+                raise InputError(f"--setting {text!r}: kv_limit {val!r}: {e}") from None
         else:
             s[key] = val
     return s
@@ -268,6 +286,24 @@ def check_traces_fit(prof: dict, traces: dict[str, Trace]) -> None:
                              f"context ({r.prompt_len:,} prompt + {r.output_len:,} output); profile "
                              f"{prof['_path']} is for {prof['model']['name']}, which holds {limit:,} "
                              f"(cut the trace with --max-prompt / --max-output)")
+
+
+def check_kv_limits(prof: dict, traces: dict[str, Trace], settings: list[dict]) -> None:
+    """Refuse, before any run, a KV limit the profile cannot turn into tokens (an amount of memory
+    with no model shapes) and a trace with a request that could never fit a setting's limit."""
+    from sim.memory import profile_kv_bytes
+    from sim.state import check_kv_fit
+    for s in settings:
+        limit = parse_kv_limit(s.get("kv_limit"))
+        if limit is None:
+            continue
+        tokens = limit.resolve(profile_kv_bytes(prof))
+        for name, trace in traces.items():
+            try:
+                check_kv_fit(trace, tokens)
+            except InputError as e:
+                raise InputError(f"trace {trace.meta.get('source', name)}, --kv-limit {limit} "
+                                 f"({tokens:,} tokens of {prof['model']['name']}): {e}") from None
 
 
 def cost_from_args(args: argparse.Namespace):
