@@ -37,6 +37,12 @@ class Freed:
     def __repr__(self) -> str:
         return f"Freed({self.rid!r})"
 
+    def __eq__(self, other) -> bool:  # a batch holds at most one freed row per request (a sync drops it)
+        return isinstance(other, Freed) and other.rid == self.rid
+
+    def __hash__(self) -> int:
+        return hash(("freed", self.rid))
+
 
 @dataclass(slots=True)
 class RequestState:
