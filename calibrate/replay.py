@@ -113,10 +113,12 @@ def between_calls_share(logs: list[EventLog]) -> float:
     return between / (between + inside) if inside else 0.0
 
 
-def relogged(trace: Trace, log: dict, setting: dict) -> EventLog:
+def relogged(trace: Trace, log: dict, setting: dict, kv_bytes: int | None = None) -> EventLog:
     """A worker run's log (`calibrate.worker`: a warm-up, then `trace` under `setting`) with what
     the state machine derives from its calls (KV buffers written, fresh memory against the
-    warm-up's largest array) recomputed by today's rules, at the measured times."""
-    cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0))  # shapes only: the warm-up's requests arrive at t=0
+    warm-up's largest array) recomputed by today's rules, at the measured times. `kv_bytes`: the
+    model's bytes per KV token, for a setting's KV limit in GB (`sim.memory`)."""
+    # shapes only: the warm-up's requests arrive at t=0
+    cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0), kv_bytes=kv_bytes)
     largest = warmed(warmup_trace(trace), policies.make(**setting), cost)
     return relog(trace, EventLog.from_dict(log), largest)

@@ -15,7 +15,10 @@ from __future__ import annotations
 from typing import Callable
 
 from policies.base import Policy
-from sim.state import EngineError, EngineState
+from sim.errors import InputError
+from sim.memory import parse_kv_limit, profile_kv_bytes
+from sim.state import EngineError, EngineState, check_kv_fit
+from traces.trace import Trace
 from sim.work import Prefill, Work
 
 
@@ -50,3 +53,19 @@ def kv_limit_of(policy: Policy, bytes_per_token: int | None) -> int | None:
     """The KV limit a policy's setting gives, in tokens (`sim.memory.KVLimit`); None: no limit."""
     limit = getattr(getattr(policy, "opts", None), "kv_limit", None)
     return None if limit is None else limit.resolve(bytes_per_token)
+
+
+def check_kv_limits(prof: dict, traces: dict[str, Trace], settings: list[dict]) -> None:
+    """Refuse, before any run, a KV limit the profile cannot turn into tokens (an amount of memory
+    with no model shapes) and a trace with a request that could never fit a setting's limit."""
+    for s in settings:
+        limit = parse_kv_limit(s.get("kv_limit"))
+        if limit is None:
+            continue
+        tokens = limit.resolve(profile_kv_bytes(prof))
+        for name, trace in traces.items():
+            try:
+                check_kv_fit(trace, tokens)
+            except InputError as e:
+                raise InputError(f"trace {trace.meta.get('source', name)}, --kv-limit {limit} "
+                                 f"({tokens:,} tokens of {prof['model']['name']}): {e}") from None

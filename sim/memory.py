@@ -81,6 +81,8 @@ def parse_kv_limit(text) -> KVLimit | None:
     if text.strip().lower() in ("", "none"):
         return None
     m = _LIMIT.match(text)
+    if not m and text.strip().startswith("-"):
+        raise InputError(f"kv limit {text!r}: must be > 0")
     if not m:
         raise InputError(f"kv limit {text!r}: expected tokens (4096, 4096tok) or an amount of memory "
                          f"({', '.join('2' + u for u in UNITS)})")

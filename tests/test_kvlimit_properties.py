@@ -18,17 +18,17 @@ PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.build
 
 @st.composite
 def cases(draw):
-    """A trace, a setting and a limit from just above its largest request's cache to a few times it."""
+    """A trace, a setting and a limit from its largest request's cache to a few times it."""
     n = draw(st.integers(1, 8))
     reqs, t = [], 0.0
     for i in range(n):
-        t += draw(st.floats(0, 2, allow_nan=False))
-        out = draw(st.integers(1, 40))
-        reqs.append(Request(str(i), t, draw(st.integers(1, 120)), out,
+        t += draw(st.floats(0, 2, allow_nan=False) | st.just(0.0))
+        out = draw(st.integers(1, 60))
+        reqs.append(Request(str(i), t, draw(st.integers(1, 80)), out,
                             prefilled=i == 0 and out >= 2 and draw(st.booleans())))
     trace = Trace(reqs)
     peak = max(r.prompt_len + r.output_len - 1 for r in reqs)
-    limit = draw(st.integers(peak, 3 * peak + 8))
+    limit = draw(st.integers(peak, peak + peak // 2 + 8) | st.integers(peak, 3 * peak))  # tight ones preempt
     setting = draw(st.fixed_dictionaries({
         "policy": st.sampled_from(PDSIM_POLICIES), "budget": st.integers(1, 64), "batch_size": st.integers(1, 6),
         "decode": st.sampled_from(["batched", "single"]), "order": st.sampled_from(["chunk-first", "decode-first"])}))

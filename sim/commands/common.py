@@ -8,6 +8,7 @@ from pathlib import Path
 import policies
 from sim.costmodel import BUILTIN, check_profile_matches, cost_model, load_profile
 from sim.errors import InputError
+from sim.kvlimit import check_kv_limits  # noqa: F401 (the commands' check, with the others here)
 from sim.memory import parse_kv_limit
 from sim.metrics import Slo, parse_slo
 from sim.settings import MLX_LM_DEFAULTS, grid_settings, unique
@@ -286,24 +287,6 @@ def check_traces_fit(prof: dict, traces: dict[str, Trace]) -> None:
                              f"context ({r.prompt_len:,} prompt + {r.output_len:,} output); profile "
                              f"{prof['_path']} is for {prof['model']['name']}, which holds {limit:,} "
                              f"(cut the trace with --max-prompt / --max-output)")
-
-
-def check_kv_limits(prof: dict, traces: dict[str, Trace], settings: list[dict]) -> None:
-    """Refuse, before any run, a KV limit the profile cannot turn into tokens (an amount of memory
-    with no model shapes) and a trace with a request that could never fit a setting's limit."""
-    from sim.memory import profile_kv_bytes
-    from sim.state import check_kv_fit
-    for s in settings:
-        limit = parse_kv_limit(s.get("kv_limit"))
-        if limit is None:
-            continue
-        tokens = limit.resolve(profile_kv_bytes(prof))
-        for name, trace in traces.items():
-            try:
-                check_kv_fit(trace, tokens)
-            except InputError as e:
-                raise InputError(f"trace {trace.meta.get('source', name)}, --kv-limit {limit} "
-                                 f"({tokens:,} tokens of {prof['model']['name']}): {e}") from None
 
 
 def cost_from_args(args: argparse.Namespace):
