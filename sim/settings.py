@@ -74,10 +74,11 @@ class Setting:
         return cls(**s)
 
     def to_dict(self) -> dict:
-        """The policy's family of keys: mlx-lm's own three, or pdsim's four (so a pdsim setting's
-        dict is the same as before mlx-lm was modelled)."""
+        """The policy's family of keys: mlx-lm's own three, or pdsim's four and a KV limit if it has
+        one (so a pdsim setting's dict is the same as before mlx-lm was modelled)."""
         keys = ("policy", *MLX_LM_DEFAULTS) if self.policy == "mlx-lm" else ("policy", *DEFAULTS)
-        return {k: getattr(self, k) for k in keys}
+        # no KV limit, no key: a setting without one is the dict it was before limits existed
+        return {k: getattr(self, k) for k in keys if k != "kv_limit" or self.kv_limit is not None}
 
     @property
     def label(self) -> str:
