@@ -61,8 +61,8 @@ def make(policy: str, budget: int | None = None, batch_size: int = 4, decode: st
     except InputError as e:
         raise PolicyError(str(e)) from None
     if kv_limit is not None and policy == "mlx-lm":
-        raise PolicyError(f"policy 'mlx-lm' takes no kv_limit ({kv_limit}): mlx-lm {'/'.join(MODELLED)}'s BatchGenerator has "
-                          "no KV-cache limit, admission or preemption (pdsim models it as it is)")
+        raise PolicyError(f"policy 'mlx-lm' takes no kv_limit ({kv_limit}): mlx-lm {'/'.join(MODELLED)}'s "
+                          "BatchGenerator has no KV-cache limit, admission or preemption (pdsim models it as it is)")
     unknown = [k for k in mlx_lm if k not in MLX_LM_OPTIONS]
     if unknown:
         raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, kv_limit, "

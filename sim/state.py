@@ -114,7 +114,7 @@ class EngineState:
         self.log = EventLog() if log is None else log
         self._returned: tuple[int, list[list[float]]] = (-1, [])  # a `Generate`'s tokens: iteration, lists
         self.stepped: tuple[str, ...] = ()  # mlx-lm: the generation batch's rows at its last step
-        self._position = {r.id: i for i, r in enumerate(trace.requests)}  # arrival order (the trace's)
+        self._position: dict[str, int] | None = None  # arrival order (the trace's), built at a first preemption
         for r in trace.requests:
             self.log.requests[r.id] = RequestInfo(r.id, r.arrival, r.prompt_len, r.output_len, r.prefilled)
             self.log.tokens[r.id] = []
@@ -186,6 +186,8 @@ class EngineState:
         """The request a preemption frees: the newest (latest arrival, then latest in the trace)
         among those holding a cache (decoding, or with a prefill begun); None if none holds one."""
         held = [r for r, s in self.queued.items() if s.prefilled] + list(self.ready)
+        if self._position is None:
+            self._position = {r.id: i for i, r in enumerate(self.trace.requests)}
         return max(held, key=self._position.__getitem__) if held else None
 
     def preempt(self, rid: str, at: float, iteration: int) -> int:
