@@ -72,6 +72,8 @@ def parse_kv_limit(text) -> KVLimit | None:
     InputError naming the text for anything else (zero, negative, fractional tokens, other units)."""
     if text is None or isinstance(text, KVLimit):
         return text
+    if hasattr(text, "item") and not isinstance(text, str):  # a numpy number, from a table row
+        text = text.item()
     if isinstance(text, bool):
         raise InputError(f"kv limit {text!r}: expected tokens (4096, 4096tok) or an amount of memory (2GB, 0.5GB)")
     if isinstance(text, (int, float)):

@@ -3,6 +3,7 @@ when wrong or when a request could never fit, a setting option like the others (
 axes, `--setting` strings, `pdsim policies`), and its metrics in strict JSON."""
 import json
 
+import numpy as np
 import pytest
 
 import policies
@@ -32,7 +33,8 @@ def refused(args: list[str], capsys, *needles: str) -> str:
     ("4096", KVLimit(tokens=4096)), ("4096tok", KVLimit(tokens=4096)), (" 12 tokens ", KVLimit(tokens=12)),
     ("2GB", KVLimit(amount=2.0)), ("0.5GB", KVLimit(amount=0.5)), ("1.5GiB", KVLimit(amount=1.5, unit="GiB")),
     ("512MB", KVLimit(amount=512.0, unit="MB")), (4096, KVLimit(tokens=4096)), (4096.0, KVLimit(tokens=4096)),
-    (None, None), ("none", None), (float("nan"), None)])
+    (None, None), ("none", None), (float("nan"), None), (np.int64(600), KVLimit(tokens=600)),
+    (np.float64(600.0), KVLimit(tokens=600))])
 def test_limits_parse(text, limit):
     assert parse_kv_limit(text) == limit
 
