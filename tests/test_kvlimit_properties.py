@@ -10,7 +10,7 @@ import policies
 from sim.costmodel import LinearCostModel
 from sim.metrics import score
 from sim.replay import simulate
-from sim.state import EngineState, KVLimitError
+from sim.state import EngineState, KVLimitError, relog
 from traces.trace import Request, Trace
 
 PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.build is not None]
@@ -117,6 +117,9 @@ def test_preemption_invariants(case, cost):
     again = simulate(trace, policies.make(**setting), cost, steady=False)
     assert [shape(c) for c in again.calls] == [shape(c) for c in calls]
     assert again.tokens == log.tokens
+
+    # a log's preemptions replay through the state machine (`relog`, as a measured run's are)
+    assert [shape(c) for c in relog(trace, log).calls] == [shape(c) for c in calls]
 
 
 @settings(max_examples=60, deadline=None)
