@@ -15,8 +15,9 @@ from calibrate.journal import Journal
 from calibrate.memory_fit import fit_memory, model_config, weights_bytes
 from calibrate.profiler import merge, run_grid
 from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
-from sim.costmodel import load_profile
+from sim.costmodel import cost_model, load_profile
 from sim.log import EventLog
+from sim.memory import profile_kv_bytes
 from sim.state import EngineError
 from traces.trace import Trace
 from sim.errors import UserError
@@ -199,8 +200,9 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
                             f"{prof['device'].get('id')!r}: calls from two devices do not mix")
     before = prof["fit"]
     traces = [Trace.from_dicts(d["trace"]["requests"], d["trace"]["meta"]) for d in docs]
+    cost = cost_model(prof)  # what the runs' policies priced their chunks with (auto budgets)
     added = [s for d, r, trace in zip(docs, reports, traces) for run in d["runs"]
-             for s in samples_from_log(relogged(trace, run["log"], run["setting"]),
+             for s in samples_from_log(relogged(trace, run["log"], run["setting"], cost, profile_kv_bytes(prof)),
                                        f"run:{r.name}:{run['label']}:r{run['repeat']}")]
     prof.pop("_path")
     prof["samples"] = prof["samples"] + added

@@ -29,7 +29,8 @@ from sim.costmodel import CostModel, check_profile_matches, cost_model
 from sim.errors import UserError
 from sim.files import atomic_write_json, check_output, jsonable
 from sim.log import EventLog
-from sim.metric_registry import CONFIRMED
+from sim.kvlimit import check_kv_limits
+from sim.metric_registry import CONFIRMED, CONFIRMED_KV
 from sim.metrics import score
 from sim.noise import CallNoise
 from sim.predict import REPLICAS, predict
@@ -74,6 +75,7 @@ def check_inputs(prof: dict, trace: Trace, out: Path, host: dict, force: bool, s
     longest = max(r.prompt_len + r.output_len for r in trace.requests)
     if limit and longest > limit:
         raise UserError(f"trace needs {longest} tokens of context; {prof['model']['name']} allows {limit}")
+    check_kv_limits(prof, {"trace": trace}, settings)
     return warnings
 
 
@@ -159,11 +161,11 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         predicted, spread = predict(trace, lambda: policies.make(**s, cost=cost), cost, noise, replicas, warm,
                                     stall_ms)
         mine = [r for r in runs if r["label"] == label]
-        logs = [relogged(trace, r["log"], s, cost) for r in mine]
+        logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes) for r in mine]
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
         measured, errors = {}, {}
-        for k in CONFIRMED:
+        for k in CONFIRMED + (CONFIRMED_KV if s.get("kv_limit") is not None else ()):
             vals = [r["metrics"].get(k, math.nan) for r in mine]
             vals = [v for v in vals if not math.isnan(v)]
             if not vals or math.isnan(predicted.get(k, math.nan)):

@@ -18,8 +18,10 @@ import mlx.core as mx
 from calibrate.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
 from calibrate.model import LoadedModel
 from policies.base import Policy
+from sim.kvlimit import kv_limit_of, next_work
 from sim.log import EventLog
-from sim.state import EngineError, EngineState
+from sim.memory import kv_bytes_per_token
+from sim.state import EngineError, EngineState, Freed
 from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 from traces.trace import Request, Trace
 
@@ -48,7 +50,8 @@ class RealEngine:
 
     def run(self, trace: Trace, policy: Policy, on_call=None) -> RealRun:
         """Serve `trace` under `policy` in real time; requests arrive at their trace times."""
-        state = EngineState(trace, self.largest)
+        limit = kv_limit_of(policy, kv_bytes_per_token(self.lm.config, self.lm.dtype))
+        state = EngineState(trace, self.largest, kv_limit=limit)
         self.caches, self.batch = {}, DecodeBatch(self.lm)
         self.mlx = None
         if getattr(policy, "engine", "pdsim") == "mlx-lm":
@@ -65,7 +68,7 @@ class RealEngine:
         clock = lambda: time.perf_counter() - t0
         while not state.done:
             state.admit(clock())
-            work = policy.schedule(state)
+            work = next_work(policy, state, clock(), self._free)
             if not work:
                 nxt = state.next_arrival
                 if nxt is None:
@@ -95,9 +98,11 @@ class RealEngine:
         if isinstance(work, Prefill):
             s = state.queued[work.rid]
             cache = self.caches.setdefault(work.rid, new_cache(self.lm))
-            chunk = self.prompts[work.rid][s.prefilled:s.prefilled + work.tokens]
-            token, _ = prefill_chunk(self.lm, cache, chunk)
-            if work.tokens == s.prefill_left:  # the last chunk gives the first token
+            seq = self.prompts[work.rid]
+            if s.generated:  # a recompute after a preemption: the prompt, then the outputs but the last
+                seq = seq + self.outputs[work.rid][:s.generated - 1]
+            token, _ = prefill_chunk(self.lm, cache, seq[s.prefilled:s.prefilled + work.tokens])
+            if work.tokens == s.prefill_left and not s.generated:  # the last chunk gives the first token
                 self.outputs[work.rid].append(token)
             return None
         assert isinstance(work, Decode)
@@ -128,6 +133,14 @@ class RealEngine:
             assert isinstance(work, Generate)
             for rid, token in self.mlx.generate():
                 self.outputs[rid].append(token)
+
+    def _free(self, rid: str) -> None:
+        """A preemption (`sim.kvlimit`): drop the request's own cache now; its row in the batch
+        cache is marked freed, and the batch's next sync filters it out (a leave), as the state's
+        KV model follows it (`sim.kvcache.KVBuffers.preempt`)."""
+        self.caches.pop(rid, None)
+        if rid in self.batch.ids:
+            self.batch.ids[self.batch.ids.index(rid)] = Freed(rid)
 
     def _free_finished(self, work: Work, state: EngineState) -> None:
         """Drop finished requests' own caches (the batch filters them out at its next change)."""

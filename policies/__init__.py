@@ -7,7 +7,9 @@ from policies.base import Options, Policy, PolicyError
 from policies.budget import check_idle_budget, is_adaptive, parse_budget
 from policies.chunked import Chunked, eager
 from policies.fifo import Fifo
-from policies.mlxlm import MlxLm
+from policies.mlxlm import MODELLED, MlxLm
+from sim.errors import InputError
+from sim.memory import parse_kv_limit
 
 
 class PolicyInfo(NamedTuple):
@@ -22,12 +24,13 @@ class PolicyInfo(NamedTuple):
 
 POLICIES = {
     "fifo": PolicyInfo("one request at a time: its whole prefill, then all its decodes (the meTile FIFO reference)",
-                       lambda o, cost: Fifo(o), ("decode",)),
+                       lambda o, cost: Fifo(o), ("decode", "kv_limit")),
     "eager": PolicyInfo("a request's whole prompt in one prefill call, then one decode for every active request",
-                        lambda o, cost: eager(o), ("batch_size", "decode", "order")),
+                        lambda o, cost: eager(o), ("batch_size", "decode", "order", "kv_limit")),
     "chunked": PolicyInfo("the pending request prefills at most `budget` tokens per iteration (auto:MS: as many as "
-                          "keep the predicted iteration within MS ms), then one decode for every active request", lambda o, cost: Chunked(o, cost=cost),
-                          ("budget", "batch_size", "decode", "order", "idle_budget")),
+                          "keep the predicted iteration within MS ms), then one decode for every active request",
+                          lambda o, cost: Chunked(o, cost=cost),
+                          ("budget", "batch_size", "decode", "order", "idle_budget", "kv_limit")),
     # built by `make` from its own options (MLX_LM_OPTIONS), not from `Options`
     "mlx-lm": PolicyInfo("mlx-lm's BatchGenerator (mlx_lm.server): one step of the generation batch, then up to "
                          "`prompt_concurrency` prompts prefilled together, `prefill_step` tokens each per call",
@@ -44,6 +47,9 @@ OPTION_HELP = {
     "batch_size": "maximum requests decoding at once (eager, chunked; fifo decodes one request at a time)",
     "decode": "batched (one call for all) | single (one call per request)",
     "order": "chunk-first (tiny-llm) | decode-first (meTile) (eager, chunked)",
+    "kv_limit": "KV-cache limit, tokens (4096, 4096tok) or memory (2GB, 0.5GB, 1GiB; via the model's bytes per KV "
+                "token); a request is admitted when its cache fits, the newest is preempted and recomputed when "
+                "decodes outgrow it (vLLM's default); default: no limit (fifo, eager, chunked; not mlx-lm)",
     "prefill_step": "mlx-lm only: prompt tokens per row per call (mlx_lm.server --prefill-step-size, default 2048)",
     "prompt_concurrency": "mlx-lm only: prompts prefilled together (--prompt-concurrency, default 8)",
     "decode_concurrency": "mlx-lm only: requests generating at once; raised to at least prompt_concurrency "
@@ -52,16 +58,25 @@ OPTION_HELP = {
 
 
 def make(policy: str, budget: int | str | None = None, batch_size: int = 4, decode: str = "batched",
-         order: str = "chunk-first", idle_budget: str | None = None, *, cost=None, **mlx_lm: int) -> Policy:
+         order: str = "chunk-first", idle_budget: str | None = None, kv_limit=None, *, cost=None,
+         **mlx_lm: int) -> Policy:
     """Build a policy from a setting dict's fields (policy name, budget, batch size, decode, order,
-    idle budget; for mlx-lm, its `MLX_LM_OPTIONS`). `cost`: the cost model of the run (the
+    idle budget, KV limit; for mlx-lm, its `MLX_LM_OPTIONS`). `cost`: the cost model of the run (the
     simulator's, or the profile a confirm runs against), which an `auto:MS` budget prices its
     chunks with; policies that do not need it ignore it."""
     if policy not in POLICIES:
         raise PolicyError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    try:
+        kv_limit = parse_kv_limit(kv_limit)
+    except InputError as e:
+        raise PolicyError(str(e)) from None
+    if kv_limit is not None and policy == "mlx-lm":
+        raise PolicyError(f"policy 'mlx-lm' takes no kv_limit ({kv_limit}): mlx-lm {'/'.join(MODELLED)}'s "
+                          "BatchGenerator has no KV-cache limit, admission or preemption (pdsim models it as it is)")
     unknown = [k for k in mlx_lm if k not in MLX_LM_OPTIONS]
     if unknown:
         raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, idle_budget, "
+                          "kv_limit, "
                           + ", ".join(MLX_LM_OPTIONS))
     if policy == "mlx-lm":
         if is_adaptive(parse_budget(budget), idle_budget):
@@ -73,7 +88,8 @@ def make(policy: str, budget: int | str | None = None, batch_size: int = 4, deco
                           "(options of mlx-lm)")
     if policy == "chunked" and budget is None:
         raise PolicyError("policy 'chunked' needs a budget (--budget N)")
-    return POLICIES[policy].build(Options(budget, batch_size, decode, order, check_idle_budget(idle_budget)), cost)
+    return POLICIES[policy].build(Options(budget, batch_size, decode, order, check_idle_budget(idle_budget),
+                                          kv_limit), cost)
 
 
 __all__ = ["MLX_LM_OPTIONS", "OPTION_HELP", "POLICIES", "Options", "Policy", "PolicyError", "PolicyInfo", "make"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from sim.memory import KVLimit
 from sim.state import EngineState
 from sim.work import Decode, Work
 
@@ -40,6 +41,9 @@ class Options:
     decode: str = "batched"  # "batched": one call for all; "single": one call per request (meTile)
     order: str = "chunk-first"  # "chunk-first" (tiny-llm) or "decode-first" (meTile chunked)
     idle_budget: str = "budget"  # "whole": the whole prompt when no request is decoding (`policies.budget`)
+    # the KV cache every request's together may hold (None: no limit); the engine state enforces it
+    # (`sim.kvlimit`), a policy only asks `state.fits` before it admits a request to prefill
+    kv_limit: KVLimit | None = None
 
     def __post_init__(self) -> None:
         from policies.budget import check_idle_budget, parse_budget

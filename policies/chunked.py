@@ -54,7 +54,8 @@ class Chunked:
                                                    for r in slots)
         if state.queued and not blocked and not taking:
             s = next(iter(state.queued.values()))
-            return self._iteration(s, self._chunk(state, s, slots), slots)
+            if state.fits(s.rid):  # a KV limit admits it only when its cache fits
+                return self._iteration(s, self._chunk(state, s, slots), slots)
         return self._iteration(None, 0, slots)
 
     def _iteration(self, s: RequestState | None, n: int, slots: list[str]) -> list[Work]:
@@ -63,7 +64,7 @@ class Chunked:
         chunk: list[Work] = []
         if n:
             chunk = [Prefill(s.rid, n)]
-            joins = o.order == "chunk-first" and n == s.prefill_left and s.output_left > 1
+            joins = o.order == "chunk-first" and n == s.prefill_left and s.owes_decode
             if joins and len(slots) < o.batch_size:
                 slots = slots + [s.rid]
         decodes = o.decodes(slots)
@@ -88,4 +89,4 @@ class Chunked:
 
 
 def eager(opts: Options) -> Chunked:
-    return Chunked(Options(None, opts.batch_size, opts.decode, opts.order), "eager")
+    return Chunked(Options(None, opts.batch_size, opts.decode, opts.order, kv_limit=opts.kv_limit), "eager")

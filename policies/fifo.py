@@ -18,7 +18,7 @@ class Fifo:
     def schedule(self, state: EngineState) -> list[Work]:
         if state.ready:  # the one request in service is decoding
             return self.opts.decodes([next(iter(state.ready))])
-        if state.queued:
+        if state.queued:  # alone, every request fits a KV limit (`sim.state.check_kv_fit`)
             s = next(iter(state.queued.values()))
             return [Prefill(s.rid, min(s.prefill_left, self.opts.budget or s.prefill_left))]
         return []

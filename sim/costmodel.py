@@ -29,7 +29,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from sim.memory import MemoryModel, memory_model
+from sim.memory import MemoryModel, memory_model, profile_kv_bytes
 
 
 PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
@@ -163,6 +163,7 @@ class LinearCostModel:
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
     pdsim_forms: bool = True  # False: a profile of mlx-lm's calls only, which cannot price pdsim's engine
     memory: MemoryModel | None = None  # the profile's peak-memory model (`sim.memory`), if it has one
+    kv_bytes: int | None = None  # bytes of one KV-cache token of the profile's model (`sim.memory`), if known
 
     def mlx_lm_call(self, kind: str, tokens: int, idx: int, contexts: Sequence[int], written: int,
                     fresh: int) -> float:
@@ -281,6 +282,10 @@ class GridCostModel:
         return self.linear.copy
 
     @property
+    def kv_bytes(self) -> int | None:
+        return self.linear.kv_bytes
+
+    @property
     def fresh(self) -> float:
         return self.linear.fresh
 
@@ -349,9 +354,10 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     before per-step choices say it once, as `cost.use`)."""
     c = prof["cost"]
     mlx = mlx_lm_costs(c["mlx_lm"]) if "mlx_lm" in c else None
-    memory = memory_model(prof)
+    memory, kv_bytes = memory_model(prof), profile_kv_bytes(prof)
     if "prefill" not in c:  # a profile of mlx-lm's calls only
-        return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False, memory=memory)
+        return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False, memory=memory,
+                               kv_bytes=kv_bytes)
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]), float(c.get("iteration", 0.0)),
                           join=_triple(c.get("join")), leave=_triple(c.get("leave")),
                           prefill_dense=Curve.from_pairs(c["prefill"].get("dense")),
@@ -359,7 +365,8 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           decode_knot=float(c["decode"].get("knot") or "inf"), decode_lone=c["decode"].get("lone"),
                           copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
-                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory)
+                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
+                          kv_bytes=kv_bytes)
     grid = {step: c[step].get("use", c.get("use", "fit")) == "grid" for step in ("prefill", "decode")}
     if any(grid.values()):
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),

@@ -150,6 +150,14 @@ class KVBuffers:
         """A finished request's own cache is dropped (its batch row goes at the next sync)."""
         self.own.pop(rid, None)
 
+    def preempt(self, rid: str, freed: object) -> None:
+        """A preempted request's own cache is dropped, and its batch row is marked `freed` (an
+        object no request's id equals), so the next sync filters it out as a leave, as the real
+        executor's batch does (`calibrate.executor`), even if the request has rejoined by then."""
+        self.own.pop(rid, None)
+        if rid in self.rows:
+            self.rows = tuple(freed if r == rid else r for r in self.rows)
+
     # --- mlx-lm's BatchGenerator: the prompt batch and the generation batch ---------------------
 
     def _settle(self, cache: "BatchCache") -> None:

@@ -17,6 +17,8 @@ import numpy as np
 class Call(NamedTuple):
     """One engine call. A named tuple: a long replay makes millions, and tuples are cheap to build."""
     # "prefill", "decode", or "sync" (the batch cache rebuilt before a decode: `EngineState.apply`);
+    # "preempt": the KV limit freed a request's cache (no model call, start == end; `tokens` the
+    # tokens freed, to be recomputed: `EngineState.preempt`);
     # mlx-lm's BatchGenerator: "prompt" (the prompt batch's chunks), "first" (first forwards),
     # "generate" (a step of the generation batch), see `sim.work`
     kind: str
@@ -119,6 +121,18 @@ class EventLog:
     @property
     def call_count(self) -> int:
         return sum(map(len, self._parts))
+
+    def preemptions(self) -> tuple[int, int]:
+        """(preemptions, tokens their caches held, recomputed later): the "preempt" calls (never in
+        a stretch: a stretch's iterations fit the KV limit)."""
+        n = tokens = 0
+        for part in self._parts:
+            if isinstance(part, list):
+                for c in part:
+                    if c.kind == "preempt":
+                        n += 1
+                        tokens += c.tokens
+        return n, tokens
 
     def busy_seconds(self) -> float:
         """Time the engine spent in calls (host overhead between calls excluded)."""

@@ -38,7 +38,7 @@ from sim.files import ExistsError, OutputError, dumps, new_file_mode
 from sim.log import Call, EventLog, RequestInfo
 from sim.tally import RequestFigures, RequestTable
 
-KINDS = ("prefill", "decode", "sync", "prompt", "first", "generate")  # the last three: mlx-lm's (`sim.log.Call`)
+KINDS = ("prefill", "decode", "sync", "prompt", "first", "generate", "preempt")  # 3-5: mlx-lm's (`sim.log.Call`)
 _KIND = {k: i for i, k in enumerate(KINDS)}
 CALL_COLUMNS = {"call_kind": np.int8, "call_start": np.float64, "call_end": np.float64, "call_tokens": np.int64,
                 "call_prefix": np.int64, "call_joined": np.int32, "call_left": np.int32,

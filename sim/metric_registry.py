@@ -90,6 +90,12 @@ _METRICS: list[Metric] = [
     Metric("slo_attained", "fraction", "higher", "share of all requests meeting every per-request target",
            needs_slo=True),
     Metric("engine_calls", "calls", None, "engine calls the run made (prefill chunks, decodes, batch-cache syncs)"),
+    Metric("preemptions", "count", "lower",
+           "requests preempted by the KV-cache limit (--kv-limit): the newest request holding a cache is freed "
+           "and later recomputed; 0 without a limit (and under mlx-lm, which has none)", "vLLM"),
+    Metric("recomputed_tokens", "tokens", "lower",
+           "tokens whose KV cache a preemption freed and a later prefill computed again (prompt and outputs but "
+           "the last); 0 without preemptions", "vLLM"),
     Metric("busy_frac", "fraction", None,
            "time in engine calls / makespan (near 1: arrivals outpace the engine and queues grow)"),
     Metric("peak_memory_gb", "GB", "lower",
@@ -106,10 +112,11 @@ ALIASES: dict[str, str] = {a: m.name for m in _METRICS for a in m.aliases}
 SUMMARY = ("decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "p99_itl_ms", "max_itl_ms",
            "resume_gap_max_ms", "stall_count", "stall_excess_s", "p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
            "mean_tpot_ms", "p50_e2el_ms", "makespan_s", "output_throughput", "request_throughput",
-           "request_goodput", "engine_calls", "peak_memory_gb")  # `pdsim simulate`
+           "request_goodput", "engine_calls", "preemptions", "recomputed_tokens", "peak_memory_gb")  # `pdsim simulate`
 CONFIRMED = ("decode_gap_p50_ms", "decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "p99_itl_ms",
              "max_itl_ms", "resume_gap_max_ms", "p50_ttft_ms", "p95_ttft_ms", "output_throughput",
              "makespan_s", "peak_memory_gb")  # `pdsim confirm`: predicted against measured
+CONFIRMED_KV = ("preemptions", "recomputed_tokens")  # `pdsim confirm`, also, for settings with a KV limit
 CONFIRM_CHART = ("decode_gap_p95_ms", "decode_gap_max_ms", "p95_itl_ms", "max_itl_ms", "p50_ttft_ms",
                  "p95_ttft_ms", "mean_tpot_ms", "output_throughput", "makespan_s")  # the report's confirm chart
 SWEEP_SHOWN = ("output_throughput", "decode_gap_p95_ms", "p99_ttft_ms", "peak_memory_gb")  # `pdsim sweep`, beside the pick's own

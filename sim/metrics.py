@@ -174,6 +174,7 @@ def tally_of(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0, kee
     tally.decode_calls(ends[order], its[order])
     tally.engine_calls(log.call_count, log.busy_seconds())
     tally.peak_memory = getattr(log, "peak_memory", None)
+    tally.preemptions(*log.preemptions())
     return tally
 
 

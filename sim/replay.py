@@ -11,6 +11,7 @@ import simpy
 
 from policies.base import Policy
 from sim.costmodel import CostModel, ProfileError
+from sim.kvlimit import kv_limit_of, next_work
 from sim.log import EventLog
 from sim.state import EngineError, EngineState
 from sim.steady import call_costs, steady_steps, steady_times
@@ -36,8 +37,9 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
     if engine_of(policy) == "pdsim" and not getattr(cost, "pdsim_forms", True):
         raise ProfileError(f"the profile prices mlx-lm's BatchGenerator only (`pdsim calibrate --engine mlx-lm`); "
                            f"policy {policy.name!r} runs on pdsim's engine: calibrate without --engine for it")
+    limit = kv_limit_of(policy, getattr(cost, "kv_bytes", None))
     state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0, log,
-                        getattr(cost, "memory", None))
+                        getattr(cost, "memory", None), limit)
     _serve(state, policy, cost, steady and noise is None, noise)
     return state.log
 
@@ -49,7 +51,7 @@ def engine_of(policy: Policy) -> str:
 
 def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> int:
     """The largest KV array a process allocates serving `warmup` (`sim.kvcache`)."""
-    state = EngineState(warmup)
+    state = EngineState(warmup, kv_limit=kv_limit_of(policy, getattr(cost, "kv_bytes", None)))
     _serve(state, policy, cost, True)
     return state.kv.largest
 
@@ -67,7 +69,7 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
         t = 0.0
         while not state.done:
             state.admit(t)
-            work = policy.schedule(state)
+            work = next_work(policy, state, t)
             if not work:
                 if state.next_arrival is None:
                     raise EngineError(f"policy {policy.name!r} returned no work with "

@@ -59,6 +59,8 @@ def price(cost: CostModel, kind: str, tokens: int, prefix: int, contexts, batche
     A sync (the batch cache rebuilt) is its copies and a constant per join or leave."""
     if kind in MLX_KINDS:
         return cost.mlx_lm_call(kind, tokens, prefix, contexts, written, fresh)
+    if kind == "preempt":  # a cache dropped: no model call (its recompute is a prefill, priced as one)
+        return 0.0
     t = cost.copy * written + cost.fresh * fresh
     if kind == "prefill":
         return t + cost.prefill(tokens, prefix)
@@ -77,7 +79,7 @@ def call_ratios(logs: list[EventLog], cost: CostModel) -> list[tuple[str, str, f
     out = []
     for log in logs:
         for c in log.calls:
-            if c.end > c.start:
+            if c.end > c.start and c.kind != "preempt":
                 out.append((call_kind(c), size_bucket(c.kind, c.tokens, len(c.rids)),
                             price_call(cost, c) / (c.end - c.start)))
     return out

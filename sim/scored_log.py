@@ -82,6 +82,8 @@ class ScoredLog:
                 self._check(rid)
         elif call.kind == "prefill":
             self._last_prefill = call.rids[0]
+        elif call.kind == "preempt":
+            self.tally.preemptions(1, call.tokens)
 
     def _end_generate(self) -> None:
         it, end, rids = self._generate

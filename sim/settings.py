@@ -16,16 +16,19 @@ import policies
 from policies import PolicyError
 from policies.budget import check_idle_budget, is_adaptive, parse_budget
 from policies.mlxlm import DEFAULTS as MLX_LM_SERVER_DEFAULTS
+from sim.errors import InputError
+from sim.memory import parse_kv_limit
 
-DEFAULTS = {"budget": None, "batch_size": 4, "decode": "batched", "order": "chunk-first", "idle_budget": "budget"}
+DEFAULTS = {"budget": None, "batch_size": 4, "decode": "batched", "order": "chunk-first", "idle_budget": "budget",
+            "kv_limit": None}
 # mlx-lm's own options (mlx_lm.server's flags), with the server's defaults; no other policy reads them
 MLX_LM_DEFAULTS = dict(MLX_LM_SERVER_DEFAULTS)
 # the value an option takes in a policy that does not read it
 UNUSED = {"budget": None, "batch_size": 1, "decode": "batched", "order": "chunk-first", "idle_budget": "budget",
-          **{k: None for k in MLX_LM_DEFAULTS}}
+          **{k: None for k in MLX_LM_DEFAULTS}}  # (a KV limit is never dropped: mlx-lm refuses one)
 # keys a setting's dict holds only when they differ from the default, so the dicts (and confirm
 # manifests, results files) of settings that do not use them are what they were before them
-SPARSE = {"idle_budget": "budget"}
+SPARSE = {"idle_budget": "budget", "kv_limit": None}
 KEYS = ("policy", *DEFAULTS, *MLX_LM_DEFAULTS)
 
 
@@ -37,6 +40,7 @@ class Setting:
     batch_size: int = 4
     decode: str = "batched"
     order: str = "chunk-first"
+    kv_limit: int | str | None = None  # tokens, or an amount of memory ("2GB"): `sim.memory.parse_kv_limit`
     prefill_step: int | None = None
     prompt_concurrency: int | None = None
     decode_concurrency: int | None = None
@@ -54,6 +58,11 @@ class Setting:
                 object.__setattr__(self, key, None if math.isnan(v) else int(v) if v.is_integer() else v)
         if self.policy not in policies.POLICIES:
             raise PolicyError(f"unknown policy {self.policy!r}; known: {', '.join(policies.POLICIES)}")
+        try:  # one spelling per limit: 4096 and "4096tok" are one setting, "0.50GB" is "0.5GB"
+            limit = parse_kv_limit(self.kv_limit)
+        except InputError as e:
+            raise PolicyError(str(e)) from None
+        object.__setattr__(self, "kv_limit", None if limit is None else limit.tokens or str(limit))
         uses = policies.POLICIES[self.policy].uses
         for key, value in UNUSED.items():
             if key not in uses:
@@ -75,8 +84,8 @@ class Setting:
         return cls(**s)
 
     def to_dict(self) -> dict:
-        """The policy's family of keys: mlx-lm's own three, or pdsim's four (so a pdsim setting's
-        dict is the same as before mlx-lm was modelled)."""
+        """The policy's family of keys: mlx-lm's own three, or pdsim's four and a KV limit if it has
+        one (so a pdsim setting's dict is the same as before mlx-lm was modelled)."""
         keys = ("policy", *MLX_LM_DEFAULTS) if self.policy == "mlx-lm" else ("policy", *DEFAULTS)
         return {k: getattr(self, k) for k in keys if k not in SPARSE or getattr(self, k) != SPARSE[k]}
 
@@ -99,6 +108,8 @@ class Setting:
             parts.append(self.order)
         if self.idle_budget != "budget":
             parts.append(f"idle-{self.idle_budget}")
+        if self.kv_limit is not None:
+            parts.append(f"kv{self.kv_limit}")
         return parts
 
 
@@ -122,7 +133,8 @@ def grid_settings(policy_names: Iterable[str], budgets: Iterable[int | None] = (
                   orders: Iterable[str] = ("chunk-first",), prefill_steps: Iterable[int | None] = (None,),
                   prompt_concurrencies: Iterable[int | None] = (None,),
                   decode_concurrencies: Iterable[int | None] = (None,),
-                  idle_budgets: Iterable[str] = ("budget",)) -> list[dict]:
+                  idle_budgets: Iterable[str] = ("budget",),
+                  kv_limits: Iterable[int | str | None] = (None,)) -> list[dict]:
     """Every combination of the options, each distinct setting once (`unique`): mlx-lm's options do
     not multiply the other policies, nor theirs mlx-lm. An adaptive budget (`auto:MS`, idle_budget
     whole) in a grid where no policy reads a budget is refused: mlx-lm's step is fixed by its
@@ -136,10 +148,10 @@ def grid_settings(policy_names: Iterable[str], budgets: Iterable[int | None] = (
         raise PolicyError(f"{adaptive[0]}: policy {', '.join(policy_names)} reads no chunk budget{step}; "
                           "budgets apply to chunked")
     return unique({"policy": p, "budget": b, "batch_size": bs, "decode": d, "order": o, "prefill_step": st,
-                   "prompt_concurrency": pc, "decode_concurrency": dc, "idle_budget": ib}
-                  for p, b, bs, d, o, st, pc, dc, ib in itertools.product(
+                   "prompt_concurrency": pc, "decode_concurrency": dc, "idle_budget": ib, "kv_limit": kv}
+                  for p, b, bs, d, o, st, pc, dc, ib, kv in itertools.product(
                       policy_names, budgets, batch_sizes, decodes, orders, prefill_steps, prompt_concurrencies,
-                      decode_concurrencies, idle_budgets))
+                      decode_concurrencies, idle_budgets, kv_limits))
 
 
 def unique(settings: Iterable["Setting | Mapping"]) -> list[dict]:

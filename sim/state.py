@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from sim.errors import InputError
 from sim.kvcache import KVBuffers, write
 
 Rows = tuple[int, int]  # (written, fresh) token-rows of KV buffer
@@ -20,6 +21,28 @@ from traces.trace import Request, Trace
 
 class EngineError(RuntimeError):
     """A policy asked for work that the engine cannot do (a bug in the policy)."""
+
+
+class KVLimitError(InputError):
+    """A request that can never fit the KV-cache limit: the run would never finish."""
+
+
+class Freed:
+    """The batch cache's row of a preempted request, until the next sync drops it (a leave): its
+    cache is freed at once, its row is gone from the batch at the batch's next rebuild."""
+    __slots__ = ("rid",)
+
+    def __init__(self, rid: str):
+        self.rid = rid
+
+    def __repr__(self) -> str:
+        return f"Freed({self.rid!r})"
+
+    def __eq__(self, other) -> bool:  # a batch holds at most one freed row per request (a sync drops it)
+        return isinstance(other, Freed) and other.rid == self.rid
+
+    def __hash__(self) -> int:
+        return hash(("freed", self.rid))
 
 
 @dataclass(slots=True)
@@ -36,8 +59,20 @@ class RequestState:
         return self.req.id
 
     @property
+    def target(self) -> int:
+        """Tokens its prefill puts in the cache: the prompt; after a preemption (vLLM's recompute)
+        the prompt and every output but the last, which the next decode reads as its input."""
+        return self.req.prompt_len + (self.generated - 1 if self.generated else 0)
+
+    @property
     def prefill_left(self) -> int:
-        return self.req.prompt_len - self.prefilled
+        return self.target - self.prefilled
+
+    @property
+    def owes_decode(self) -> bool:
+        """Whether it still decodes once its prefill ends (a first prefill emits a token, a
+        recompute none)."""
+        return self.req.output_len - self.generated > (0 if self.generated else 1)
 
     @property
     def output_left(self) -> int:
@@ -61,11 +96,17 @@ class EngineState:
     """
 
     def __init__(self, trace: Trace, largest: int = 0, log: EventLog | None = None,
-                 memory: MemoryModel | None = None):
+                 memory: MemoryModel | None = None, kv_limit: int | None = None):
         """`largest`: the largest KV array the process allocated before this run (its warm-up);
         `log`: where calls and tokens go (default a new `EventLog`; `sim.scored_log.ScoredLog`
         tallies a long run instead of keeping it); `memory`: the profile's memory model, whose
-        largest call peak goes to the log as `peak_memory` (`sim.memory`; None: not priced)."""
+        largest call peak goes to the log as `peak_memory` (`sim.memory`; None: not priced);
+        `kv_limit`: the KV-cache tokens every cache together may hold (None: no limit;
+        `sim.kvlimit` enforces it)."""
+        if kv_limit is not None:
+            check_kv_fit(trace, kv_limit)
+        self.kv_limit = kv_limit
+        self.kv_used = 0  # tokens in every KV cache now (pdsim's engine; mlx-lm's calls are not counted)
         self.trace = trace
         self.now = 0.0
         self.iteration = 0
@@ -78,6 +119,7 @@ class EngineState:
         self._returned: tuple[int, list[list[float]]] = (-1, [])  # a `Generate`'s tokens: iteration, lists
         self.stepped: tuple[str, ...] = ()  # mlx-lm: the generation batch's rows at its last step
         self.memory = PeakMemory(memory) if memory is not None else None
+        self._position: dict[str, int] | None = None  # arrival order (the trace's), built at a first preemption
         for r in trace.requests:
             self.log.requests[r.id] = RequestInfo(r.id, r.arrival, r.prompt_len, r.output_len, r.prefilled)
             self.log.tokens[r.id] = []
@@ -101,6 +143,7 @@ class EngineState:
             if r.prefilled:  # prefill and first token happened before the clock started
                 s.prefilled, s.generated = r.prompt_len, 1
                 self.kv.prefill(r.id, 0, r.prompt_len)
+                self.kv_used += r.prompt_len
                 self.log.tokens[r.id].append(r.arrival)
                 self.ready[r.id] = s
             else:
@@ -113,6 +156,76 @@ class EngineState:
     def prompt_rows(self) -> tuple[str, ...]:
         """mlx-lm's prompt batch: the requests prefilling together, in the batch's order."""
         return tuple(self.kv.prompt.rows)
+
+    # --- the KV-cache limit (`sim.kvlimit`): what fits, and preemption -----------------------------
+
+    def kv_need(self, s: RequestState) -> int:
+        """Tokens a request's admission asks for: its whole cache after the prefill and the token
+        its first decode writes (`target + 1`), and never more than its cache ever holds
+        (prompt + output - 1: the last output token is never written)."""
+        return min(s.target + 1, s.req.prompt_len + s.req.output_len - 1)
+
+    def fits(self, rid: str) -> bool:
+        """Whether queued request `rid` may start its (re)prefill now: its whole cache fits beside
+        the caches held and the token each ready request writes at its next decode. A request
+        admitted so fits any one iteration's calls, so admission never forces its own preemption."""
+        if self.kv_limit is None:
+            return True
+        s = self.queued[rid]
+        if s.prefilled:  # admitted already
+            return True
+        return self.kv_used + len(self.ready) + self.kv_need(s) <= self.kv_limit
+
+    def kv_after(self, work: list[Work]) -> int:
+        """Tokens the caches hold once `work` has run, counting no cache freed within it: an
+        iteration's tokens are all given room before it runs (as vLLM's scheduler does)."""
+        n = self.kv_used
+        for w in work:
+            if isinstance(w, Prefill):
+                n += w.tokens
+            elif isinstance(w, Decode):
+                n += len(w.rids)
+        return n
+
+    def victim(self) -> str | None:
+        """The request a preemption frees: the newest (latest arrival, then latest in the trace)
+        among those holding a cache (decoding, or with a prefill begun); None if none holds one."""
+        held = [r for r, s in self.queued.items() if s.prefilled] + list(self.ready)
+        if self._position is None:
+            self._position = {r.id: i for i, r in enumerate(self.trace.requests)}
+        return max(held, key=self._position.__getitem__) if held else None
+
+    def preempt(self, rid: str, at: float, iteration: int) -> int:
+        """Free `rid`'s cache (vLLM's preemption by recompute); return the tokens freed.
+
+        Its tokens emitted stay emitted; it goes back to the queue, ahead of every request that
+        has not begun its prefill and behind those that have, and its next prefill recomputes the
+        prompt and the outputs but the last (`RequestState.target`), emitting nothing. Logged as
+        a call of kind "preempt" (`tokens`: the tokens freed, which will be prefilled again)."""
+        if at < self.now:
+            raise EngineError(f"time went backwards: preemption at {at} after {self.now}")
+        if rid in self.ready:
+            s = self.ready.pop(rid)
+            if s.pipelined:
+                raise EngineError(f"preemption of {rid!r}: mlx-lm's generation batch has no preemption")
+            freed = s.req.prompt_len + s.generated - 1
+        elif rid in self.queued and self.queued[rid].prefilled:
+            s = self.queued.pop(rid)
+            freed = s.prefilled
+        else:
+            raise EngineError(f"preemption of {rid!r}: it holds no cache")
+        s.prefilled = 0
+        self.kv_used -= freed
+        self.kv.preempt(rid, Freed(rid))
+        begun = [(r, q) for r, q in self.queued.items() if q.prefilled]
+        if begun:
+            rest = [(r, q) for r, q in self.queued.items() if not q.prefilled]
+            self.queued = dict(begun + [(rid, s)] + rest)
+        else:
+            self.queued = {rid: s, **self.queued}
+        self.now = at
+        self.log.add(Call("preempt", at, at, (rid,), freed, 0, (), 0, 0, iteration))
+        return freed
 
     def batch_change(self, work: Decode) -> tuple[int, int]:
         """How many requests join and leave the batch cache if `work` runs next."""
@@ -147,6 +260,7 @@ class EngineState:
         s.ready = {r: replace(st) for r, st in self.ready.items() if r in named}
         s.kv, s.log = self.kv.what_if(), _NoLog()
         s._returned, s.stepped = (-1, []), self.stepped
+        s.memory, s.kv_limit, s.kv_used, s._position = None, self.kv_limit, self.kv_used, self._position
         return s
 
     def cached(self, rids) -> dict[str, int]:
@@ -244,8 +358,12 @@ class EngineState:
             self.log.add(Call("prefill", start, end, (work.rid,), work.tokens, s.prefilled,
                               iteration=self.iteration, written=written, fresh=fresh))
             s.prefilled += work.tokens
+            self.kv_used += work.tokens
             if s.prefill_left == 0:
                 del self.queued[work.rid]
+                if s.generated:  # a recompute after a preemption: no token, it decodes on
+                    self.ready[work.rid] = s
+                    return
                 s.generated = 1
                 tokens[work.rid].append(end)
                 self._ready_or_finish(s)
@@ -272,6 +390,7 @@ class EngineState:
             start, joined, left = synced, 0, 0
         else:  # a log from before syncs were calls: the rebuild is inside the decode call
             written, fresh = written + sync_written, fresh + sync_fresh
+        self.kv_used += len(states)
         for s in states:
             rid = s.req.id
             s.generated += 1
@@ -279,6 +398,7 @@ class EngineState:
             if s.generated == s.req.output_len:
                 del self.ready[rid]
                 self.kv.finish(rid)
+                self.kv_used -= s.req.prompt_len + s.generated - 1
                 self.finished += 1
         self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, contexts,
                           joined, left, self.iteration, written, work.batched, fresh))
@@ -360,6 +480,7 @@ class EngineState:
                     self._peak(self.kv.resident(), 0, "prefill", w.tokens, s.prefilled + (steps - 1) * w.tokens, ())
                 columns.append(Column("prefill", (w.rid,), w.tokens, s.prefilled, begin, end, written, True, fresh))
                 s.prefilled += steps * w.tokens
+                self.kv_used += steps * w.tokens
                 continue
             states = [self.ready[rid] for rid in w.rids]
             if self.batch_change(w) != (0, 0):
@@ -373,12 +494,14 @@ class EngineState:
                                   written, w.batched, fresh))
             if w.batched:
                 self.kv.idx += steps - 1
+            self.kv_used += steps * len(states)
             for s in states:
                 self.log.tokens[s.req.id].extend(end)
                 s.generated += steps
                 if s.generated == s.req.output_len:
                     del self.ready[s.req.id]
                     self.kv.finish(s.req.id)
+                    self.kv_used -= s.req.prompt_len + s.generated - 1
                     self.finished += 1
         self.log.add_stretch(Stretch(tuple(columns), self.iteration))
         self.iteration += steps - 1
@@ -414,6 +537,7 @@ class EngineState:
     def _ready_or_finish(self, s: RequestState) -> None:
         if s.output_left == 0:
             self.kv.finish(s.rid)
+            self.kv_used -= s.prefilled
             self.finished += 1
         else:
             self.ready[s.rid] = s
@@ -451,6 +575,10 @@ def relog(trace: Trace, log: EventLog, largest: int = 0, memory: MemoryModel | N
         if c.kind == "sync":  # the rebuild before the next decode
             sync = c
             continue
+        if c.kind == "preempt":
+            state.admit(c.start)
+            state.preempt(c.rids[0], c.start, c.iteration)
+            continue
         start, synced = (sync.start, sync.end) if sync is not None else (c.start, None)
         state.admit(start)
         state.iteration = c.iteration
@@ -477,3 +605,16 @@ def work_of(c: Call) -> Work:
     if c.kind == "generate":
         return Generate(c.rids)
     return Decode(c.rids, c.batched)
+
+
+def check_kv_fit(trace: Trace, kv_limit: int) -> None:
+    """Refuse a trace with a request whose cache alone outgrows the limit (prompt + output - 1
+    tokens at its last decode): it could never finish, and the run would never end."""
+    if kv_limit < 1:
+        raise KVLimitError(f"kv limit must be at least 1 token, got {kv_limit}")
+    for r in trace.requests:
+        if r.prompt_len + r.output_len - 1 > kv_limit:
+            raise KVLimitError(f"request {r.id} needs {r.prompt_len + r.output_len - 1:,} tokens of KV cache "
+                               f"({r.prompt_len:,} prompt + {r.output_len:,} output - 1) and the kv limit is "
+                               f"{kv_limit:,} tokens: it could never finish (raise --kv-limit or cut the trace "
+                               "with --max-prompt / --max-output)")

@@ -122,6 +122,10 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
                 n = min([n] + [_fits(state.kv.own.get(r, 0), state.ready[r].context - 1, 1) for r in w.rids])
             seen.update(w.rids)
         steps = n if steps is None else min(steps, n)
+    if steps and state.kv_limit is not None:  # the iterations whose tokens fit the KV limit (`sim.kvlimit`)
+        grows = state.kv_after(work) - state.kv_used
+        if grows:
+            steps = min(steps, (state.kv_limit - state.kv_used) // grows)
     return steps or 0
 
 

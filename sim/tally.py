@@ -91,6 +91,7 @@ class Tally:
         self.last_token = -math.inf
         self.calls, self.busy = 0, 0.0
         self.peak_memory: float | None = None  # bytes at the run's peak (`sim.memory`), None: not known
+        self.preempted, self.recomputed = 0, 0  # preemptions by the KV limit, the tokens they freed
         # last emission of every request done and not yet behind every judged gap, in the order done;
         # those behind are only counted (`_judge`): the list does not grow with the run
         self._finish: list[float] = []
@@ -169,8 +170,14 @@ class Tally:
             self._judge(final=False)
 
     def engine_calls(self, n: int, busy_seconds: float) -> None:
+        """`n` calls of the log (its "preempt" calls too: `preemptions` says how many are those)."""
         self.calls += n
         self.busy += busy_seconds
+
+    def preemptions(self, n: int, tokens: int) -> None:
+        """`n` preemptions by the KV limit, freeing `tokens` cached tokens (recomputed later)."""
+        self.preempted += n
+        self.recomputed += tokens
 
     # ---- decode-completion gaps ----------------------------------------------------------------
 
@@ -242,7 +249,9 @@ class Tally:
         m["total_token_throughput"] = per_s(self.input_tokens + out_tokens)
         m["request_goodput"] = per_s(self.good) if self.slo is not None else math.nan
         m["slo_attained"] = self.good / len(self.table) if self.slo is not None and len(self.table) else math.nan
-        m["engine_calls"] = self.calls
+        m["engine_calls"] = self.calls - self.preempted  # a preemption runs no kernel
+        m["preemptions"] = self.preempted
+        m["recomputed_tokens"] = self.recomputed
         m["busy_frac"] = per_s(self.busy)
         m["peak_memory_gb"] = self.peak_memory / GB if self.peak_memory is not None else math.nan
         return {name: m[name] for name in NAMES}

@@ -10,6 +10,8 @@ from policies.budget import is_adaptive
 from sim.memory import NO_MEMORY_NOTE
 from sim.costmodel import BUILTIN, check_profile_matches, cost_model, load_profile
 from sim.errors import InputError
+from sim.kvlimit import check_kv_limits  # noqa: F401 (the commands' check, with the others here)
+from sim.memory import parse_kv_limit
 from sim.metrics import Slo, parse_slo
 from sim.settings import MLX_LM_DEFAULTS, grid_settings, unique
 from traces.generators import BURSTINESS_HELP, GENERATORS, MAX_REQUESTS, MAX_WITH_IDS
@@ -215,6 +217,8 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
                    help="batched: one call for all; single: one call per request")
     g.add_argument("--order", nargs=n, choices=["chunk-first", "decode-first"],
                    default=["chunk-first"] if many else "chunk-first")
+    g.add_argument("--kv-limit", nargs=n, type=kv_limit_arg, default=[None] if many else None,
+                   metavar="TOKENS|GB", help=policies.OPTION_HELP["kv_limit"])
     for key, default in MLX_LM_DEFAULTS.items():  # mlx_lm.server's flags, for the mlx-lm policy
         g.add_argument("--" + key.replace("_", "-"), nargs=n, type=positive_int, default=[default] if many else default,
                        help=policies.OPTION_HELP[key])
@@ -222,13 +226,22 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
         g.add_argument("--setting", nargs="+", metavar="POLICY[:KEY=VALUE,...]",
                        help="explicit settings instead of a grid, e.g. eager "
                             "chunked:budget=128,order=decode-first chunked:budget=auto:40,idle_budget=whole "
-                            "mlx-lm:prefill_step=512 (keys: budget, batch_size, decode, order, idle_budget; mlx-lm: "
-                            "prefill_step, prompt_concurrency, decode_concurrency; "
+                            "chunked:budget=64,kv_limit=2GB mlx-lm:prefill_step=512 (keys: budget, batch_size, decode, "
+                            "order, idle_budget, kv_limit; mlx-lm: prefill_step, prompt_concurrency, decode_concurrency; "
                             "unset keys take the first value of the grid options)")
 
 
+def kv_limit_arg(text: str) -> int | str | None:
+    """An argparse type: a KV limit (`sim.memory.parse_kv_limit`), as a setting holds it."""
+    try:
+        limit = parse_kv_limit(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"kv limit {text!r}: ")) from None
+    return None if limit is None else limit.tokens or str(limit)
+
+
 # the grid's options, in `sim.settings.grid_settings`' order
-GRID_KEYS = ("budget", "batch_size", "decode", "order", *MLX_LM_DEFAULTS, "idle_budget")
+GRID_KEYS = ("budget", "batch_size", "decode", "order", *MLX_LM_DEFAULTS, "idle_budget", "kv_limit")
 
 
 def settings_from_args(args: argparse.Namespace) -> list[dict]:
@@ -268,6 +281,11 @@ def parse_setting(text: str, defaults: dict) -> dict:
                 s[key] = int(val)
             except ValueError:
                 raise InputError(f"--setting {text!r}: {key} must be a whole number, got {val!r}") from None
+        elif key == "kv_limit":
+            try:
+                s[key] = kv_limit_arg(val)
+            except argparse.ArgumentTypeError as e:
+                raise InputError(f"--setting {text!r}: kv_limit {val!r}: {e}") from None
         else:
             s[key] = val
     return s

@@ -11,8 +11,9 @@ import math
 from pathlib import Path
 
 import policies
-from sim.commands.common import (add_policy_args, add_profile_args, add_slo_args, add_trace_args, check_traces_fit,
-                                 cost_from_args, settings_from_args, slo_from_args, trace_from_args)
+from sim.commands.common import (add_policy_args, add_profile_args, add_slo_args, add_trace_args, check_kv_limits,
+                                 check_traces_fit, cost_from_args, settings_from_args, slo_from_args,
+                                 trace_from_args)
 from sim.files import atomic_write_json, check_output
 from sim.metric_registry import METRICS, SUMMARY
 from sim.scored_log import simulate_scored
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     (setting,) = settings_from_args(args)
     prof, cost = cost_from_args(args)
     check_traces_fit(prof, {"trace": trace})
+    check_kv_limits(prof, {"trace": trace}, [setting])
     slo = slo_from_args(args)
     sha = trace.sha256()
     writer = None

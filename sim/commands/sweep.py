@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from sim import metric_registry as registry
-from sim.commands.common import (add_policy_args, add_profile_args, add_trace_args, check_traces_fit,
+from sim.commands.common import (add_policy_args, add_profile_args, add_trace_args, check_kv_limits, check_traces_fit,
                                  cost_from_args, positive_float, positive_int, settings_from_args, traces_from_args)
 from sim.outdir import OutputFolder
 from sim.pick import Pick, parse_objective
@@ -16,7 +16,7 @@ from sim.sweep_results import (RESULT_NAMES, SweepPlan, SweepResult, log_points,
 from sim.table import fmt, table
 
 GRID_OPTIONS = ("--trace", "--policy", "--budget", "--batch-size", "--decode", "--order", "--prefill-step",
-                "--prompt-concurrency", "--decode-concurrency", "--idle-budget")
+                "--prompt-concurrency", "--decode-concurrency", "--idle-budget", "--kv-limit")
 
 
 def add_parser(sub) -> None:
@@ -90,12 +90,14 @@ def _run(args: argparse.Namespace, settings: list[dict], folder: OutputFolder | 
     traces = traces_from_args(args)
     prof, _ = cost_from_args(args)
     check_traces_fit(prof, traces)
+    check_kv_limits(prof, traces, settings)
     plan = SweepPlan(traces, settings, prof, args.rate_scale, args.slo, args.objective, args.latency,
                      args.stall_ms, args.top)
     grid_options = {"policy": args.policy, "budget": args.budget, "batch_size": args.batch_size,
                     "decode": args.decode, "order": args.order, "prefill_step": args.prefill_step,
                     "prompt_concurrency": args.prompt_concurrency, "decode_concurrency": args.decode_concurrency,
-                    "idle_budget": args.idle_budget, "setting": getattr(args, "setting", None)}
+                    "idle_budget": args.idle_budget, "kv_limit": args.kv_limit,
+                    "setting": getattr(args, "setting", None)}
     execute(plan, folder, grid_options, args.logs, args.overwrite, args.workers, args.scheduler,
             not args.no_progress, args.connect_timeout)
     return 0
