@@ -30,7 +30,7 @@ from sim.errors import UserError
 from sim.files import atomic_write_json, check_output, jsonable
 from sim.log import EventLog
 from sim.metric_registry import CONFIRMED
-from sim.metrics import score
+from sim.metrics import CLASS_CONFIRMED, log_class_metrics, score
 from sim.replay import simulate
 from sim.residuals import residual_table
 from sim.state import EngineError
@@ -151,7 +151,8 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         label = setting_label(s)
         # the worker served a warm-up first, in the same process: predict that process
         warm, policy = warmup_trace(trace), policies.make(**s)
-        predicted = score(simulate(trace, policy, cost, warmup=warm), stall_ms=stall_ms)
+        predicted_log = simulate(trace, policy, cost, warmup=warm)
+        predicted = score(predicted_log, stall_ms=stall_ms)
         mine = [r for r in runs if r["label"] == label]
         logs = [relogged(trace, r["log"], s) for r in mine]
         for r, log in zip(mine, logs):
@@ -167,8 +168,32 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
             errors[k] = relative_error(predicted[k], med)
         results.append({"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
                         "measured": measured, "rel_error": errors,
-                        "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False)})
+                        "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False),
+                        **compare_classes(trace, predicted_log, logs)})
     return results
+
+
+def compare_classes(trace: Trace, predicted_log: EventLog, logs: list[EventLog]) -> dict:
+    """Per priority class (`sim.metrics.class_metrics`): predicted against measured (median, min,
+    max over repeats) of `CLASS_CONFIRMED`; {} for a trace without classes."""
+    predicted = log_class_metrics(trace, predicted_log)
+    if predicted is None:
+        return {}
+    runs = [log_class_metrics(trace, log) for log in logs]
+    out = {}
+    for cls, pred in predicted.items():
+        row = {"requests": pred["requests"], "ttft_target_ms": pred["ttft_target_ms"], "predicted": {},
+               "measured": {}, "rel_error": {}}
+        for k in CLASS_CONFIRMED:
+            vals = [r[cls][k] for r in runs if not math.isnan(r[cls][k])]
+            if not vals or math.isnan(pred[k]):
+                continue
+            med = statistics.median(vals)
+            row["predicted"][k] = pred[k]
+            row["measured"][k] = {"median": med, "min": min(vals), "max": max(vals)}
+            row["rel_error"][k] = relative_error(pred[k], med)
+        out[cls] = row
+    return {"classes": jsonable(out)}
 
 
 def call_rows(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:

@@ -7,6 +7,7 @@ from policies.base import Options, Policy, PolicyError
 from policies.chunked import Chunked, eager
 from policies.fifo import Fifo
 from policies.mlxlm import MlxLm
+from policies.queue import DEFAULT_AGING_S, QUEUES
 
 
 class PolicyInfo(NamedTuple):
@@ -20,11 +21,12 @@ class PolicyInfo(NamedTuple):
 
 POLICIES = {
     "fifo": PolicyInfo("one request at a time: its whole prefill, then all its decodes (the meTile FIFO reference)",
-                       lambda o: Fifo(o), ("decode",)),
+                       lambda o: Fifo(o), ("decode", "queue", "aging_s")),
     "eager": PolicyInfo("a request's whole prompt in one prefill call, then one decode for every active request",
-                        eager, ("batch_size", "decode", "order")),
+                        eager, ("batch_size", "decode", "order", "queue", "aging_s")),
     "chunked": PolicyInfo("the pending request prefills at most `budget` tokens per iteration, then one decode "
-                          "for every active request", lambda o: Chunked(o), ("budget", "batch_size", "decode", "order")),
+                          "for every active request", lambda o: Chunked(o),
+                          ("budget", "batch_size", "decode", "order", "queue", "aging_s")),
     # built by `make` from its own options (MLX_LM_OPTIONS), not from `Options`
     "mlx-lm": PolicyInfo("mlx-lm's BatchGenerator (mlx_lm.server): one step of the generation batch, then up to "
                          "`prompt_concurrency` prompts prefilled together, `prefill_step` tokens each per call",
@@ -37,6 +39,11 @@ OPTION_HELP = {
     "batch_size": "maximum requests decoding at once (eager, chunked; fifo decodes one request at a time)",
     "decode": "batched (one call for all) | single (one call per request)",
     "order": "chunk-first (tiny-llm) | decode-first (meTile) (eager, chunked)",
+    "queue": "which waiting prompt starts next: fcfs (arrival order) | sjf (shortest prompt first) | priority "
+             "(earliest deadline first: arrival + the request's class TTFT target, --class-slo CLASS:ttft=MS) "
+             "(fifo, eager, chunked; mlx-lm's BatchGenerator is FIFO only)",
+    "aging_s": f"sjf, priority: a request waiting longer than this many seconds is served first, oldest first "
+               f"(default {DEFAULT_AGING_S:g}; no starvation)",
     "prefill_step": "mlx-lm only: prompt tokens per row per call (mlx_lm.server --prefill-step-size, default 2048)",
     "prompt_concurrency": "mlx-lm only: prompts prefilled together (--prompt-concurrency, default 8)",
     "decode_concurrency": "mlx-lm only: requests generating at once; raised to at least prompt_concurrency "
@@ -45,23 +52,28 @@ OPTION_HELP = {
 
 
 def make(policy: str, budget: int | None = None, batch_size: int = 4, decode: str = "batched",
-         order: str = "chunk-first", **mlx_lm: int) -> Policy:
-    """Build a policy from a setting dict's fields (policy name, budget, batch size, decode, order;
-    for mlx-lm, its `MLX_LM_OPTIONS`)."""
+         order: str = "chunk-first", queue: str = "fcfs", aging_s: float = DEFAULT_AGING_S,
+         **mlx_lm: int) -> Policy:
+    """Build a policy from a setting dict's fields (policy name, budget, batch size, decode, order,
+    queue order and aging bound; for mlx-lm, its `MLX_LM_OPTIONS`)."""
     if policy not in POLICIES:
         raise PolicyError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     unknown = [k for k in mlx_lm if k not in MLX_LM_OPTIONS]
     if unknown:
-        raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, "
+        raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, queue, "
+                          "aging_s, "
                           + ", ".join(MLX_LM_OPTIONS))
     if policy == "mlx-lm":
+        if queue != "fcfs":  # BatchGenerator takes waiting prompts in arrival order, and mlx_lm.server has no flag
+            raise PolicyError(f"mlx-lm: queue must be fcfs, got {queue!r} (mlx-lm's BatchGenerator admits waiting "
+                              "prompts in arrival order; sjf and priority run on pdsim's fifo, eager and chunked)")
         return MlxLm(**{k: v for k, v in mlx_lm.items() if v is not None})
     if any(v is not None for v in mlx_lm.values()):
         raise PolicyError(f"policy {policy!r} takes no {', '.join(k for k, v in mlx_lm.items() if v is not None)} "
                           "(options of mlx-lm)")
     if policy == "chunked" and budget is None:
         raise PolicyError("policy 'chunked' needs a budget (--budget N)")
-    return POLICIES[policy].build(Options(budget, batch_size, decode, order))
+    return POLICIES[policy].build(Options(budget, batch_size, decode, order, queue, aging_s))
 
 
-__all__ = ["MLX_LM_OPTIONS", "OPTION_HELP", "POLICIES", "Options", "Policy", "PolicyError", "PolicyInfo", "make"]
+__all__ = ["DEFAULT_AGING_S", "QUEUES", "MLX_LM_OPTIONS", "OPTION_HELP", "POLICIES", "Options", "Policy", "PolicyError", "PolicyInfo", "make"]

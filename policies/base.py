@@ -5,10 +5,12 @@ engine, and a spot check compares like with like.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from sim.state import EngineState
+from policies.queue import DEFAULT_AGING_S, QUEUES, next_prefill
+from sim.state import EngineState, RequestState
 from sim.work import Decode, Work
 
 
@@ -35,6 +37,8 @@ class Options:
     batch_size: int = 4  # maximum number of requests decoding at once
     decode: str = "batched"  # "batched": one call for all; "single": one call per request (meTile)
     order: str = "chunk-first"  # "chunk-first" (tiny-llm) or "decode-first" (meTile chunked)
+    queue: str = "fcfs"  # which waiting prompt starts next: "fcfs", "sjf", "priority" (`policies.queue`)
+    aging_s: float = DEFAULT_AGING_S  # sjf, priority: a request waiting longer is served first, oldest first
 
     def __post_init__(self) -> None:
         if self.budget is not None and self.budget < 1:
@@ -45,6 +49,15 @@ class Options:
             raise PolicyError(f"decode must be 'batched' or 'single', got {self.decode!r}")
         if self.order not in ("chunk-first", "decode-first"):
             raise PolicyError(f"order must be 'chunk-first' or 'decode-first', got {self.order!r}")
+        if self.queue not in QUEUES:
+            raise PolicyError(f"queue must be one of {', '.join(QUEUES)}, got {self.queue!r}")
+        if isinstance(self.aging_s, bool) or not isinstance(self.aging_s, (int, float)) \
+                or not (math.isfinite(self.aging_s) and self.aging_s > 0):
+            raise PolicyError(f"aging_s must be a finite number of seconds > 0, got {self.aging_s!r}")
+
+    def next_prefill(self, state: EngineState) -> RequestState | None:
+        """The queued request to prefill next, in this queue order (`policies.queue`)."""
+        return next_prefill(state, self.queue, self.aging_s)
 
     def decodes(self, rids: list[str]) -> list[Work]:
         """One batched call, or one call per request."""

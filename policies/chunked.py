@@ -1,8 +1,9 @@
 """chunked and eager: tiny-llm's Day 2 and Day 1 loops, and meTile's chunked and eager.
 
-Each iteration: the one pending request (the oldest queued) prefills at most `budget` tokens;
-once its prefill is done it takes a free decode slot, and waits for one if the batch is full,
-holding back the next prefill. Then one decode for every request in a slot. `order` puts the
+Each iteration: the one pending request (the oldest queued, or the first in the queue order:
+`policies.queue`) prefills at most `budget` tokens; once its prefill is done it takes a free
+decode slot, and waits for one if the batch is full, holding back the next prefill (so at most
+one prefilled request waits for a slot, and slots are taken in order of prefill completion). Then one decode for every request in a slot. `order` puts the
 decodes before the chunk (meTile) or after it (tiny-llm, where a request that finishes its
 prefill joins the same iteration's decode, and a request that waited for a slot takes it in an
 iteration that only decodes: tiny-llm's `run_batch_requests_serving` takes the next pending
@@ -33,8 +34,8 @@ class Chunked:
         # tiny-llm: a request that waited for a slot takes it in an iteration with no prefill
         taking = o.order == "chunk-first" and any(state.ready[r].generated == 1 and not state.ready[r].req.prefilled
                                                    for r in slots)
-        if state.queued and not blocked and not taking:
-            s = next(iter(state.queued.values()))
+        s = self.opts.next_prefill(state) if state.queued and not blocked and not taking else None
+        if s is not None:
             n = min(s.prefill_left, o.budget or s.prefill_left)
             chunk = [Prefill(s.rid, n)]
             joins = o.order == "chunk-first" and n == s.prefill_left and s.output_left > 1
@@ -45,4 +46,4 @@ class Chunked:
 
 
 def eager(opts: Options) -> Chunked:
-    return Chunked(Options(None, opts.batch_size, opts.decode, opts.order), "eager")
+    return Chunked(Options(None, opts.batch_size, opts.decode, opts.order, opts.queue, opts.aging_s), "eager")

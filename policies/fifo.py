@@ -1,4 +1,6 @@
-"""fifo: one request at a time, its whole prefill then all its decodes (the meTile FIFO reference)."""
+"""fifo: one request at a time, its whole prefill then all its decodes (the meTile FIFO reference).
+
+The next request to serve is the queue order's (`policies.queue`; arrival order by default)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ class Fifo:
     def schedule(self, state: EngineState) -> list[Work]:
         if state.ready:  # the one request in service is decoding
             return self.opts.decodes([next(iter(state.ready))])
-        if state.queued:
-            s = next(iter(state.queued.values()))
+        s = self.opts.next_prefill(state)
+        if s is not None:
             return [Prefill(s.rid, min(s.prefill_left, self.opts.budget or s.prefill_left))]
         return []

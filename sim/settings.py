@@ -15,13 +15,15 @@ from typing import Iterable, Mapping
 import policies
 from policies import PolicyError
 from policies.mlxlm import DEFAULTS as MLX_LM_SERVER_DEFAULTS
+from policies.queue import DEFAULT_AGING_S
 
-DEFAULTS = {"budget": None, "batch_size": 4, "decode": "batched", "order": "chunk-first"}
+DEFAULTS = {"budget": None, "batch_size": 4, "decode": "batched", "order": "chunk-first", "queue": "fcfs",
+            "aging_s": DEFAULT_AGING_S}
 # mlx-lm's own options (mlx_lm.server's flags), with the server's defaults; no other policy reads them
 MLX_LM_DEFAULTS = dict(MLX_LM_SERVER_DEFAULTS)
 # the value an option takes in a policy that does not read it
-UNUSED = {"budget": None, "batch_size": 1, "decode": "batched", "order": "chunk-first",
-          **{k: None for k in MLX_LM_DEFAULTS}}
+UNUSED = {"budget": None, "batch_size": 1, "decode": "batched", "order": "chunk-first", "queue": "fcfs",
+          "aging_s": DEFAULT_AGING_S, **{k: None for k in MLX_LM_DEFAULTS}}
 KEYS = ("policy", *DEFAULTS, *MLX_LM_DEFAULTS)
 
 
@@ -33,6 +35,8 @@ class Setting:
     batch_size: int = 4
     decode: str = "batched"
     order: str = "chunk-first"
+    queue: str = "fcfs"
+    aging_s: float = DEFAULT_AGING_S  # read by sjf and priority only: fcfs takes the default
     prefill_step: int | None = None
     prompt_concurrency: int | None = None
     decode_concurrency: int | None = None
@@ -51,6 +55,14 @@ class Setting:
                 object.__setattr__(self, key, value)
             elif getattr(self, key) is None and key in MLX_LM_DEFAULTS:
                 object.__setattr__(self, key, MLX_LM_DEFAULTS[key])
+        if not isinstance(self.queue, str) and self.queue != self.queue:  # NaN: a table row from before queues
+            object.__setattr__(self, "queue", "fcfs")
+        a = self.aging_s  # seconds, a float (60 and 60.0 are one setting); NaN from a table row: the default
+        if hasattr(a, "item") or (isinstance(a, (int, float)) and not isinstance(a, bool)):
+            a = float(a)
+            object.__setattr__(self, "aging_s", DEFAULT_AGING_S if math.isnan(a) else a)
+        if self.queue == "fcfs":  # no order to age out of: fcfs at any aging bound is one setting
+            object.__setattr__(self, "aging_s", DEFAULT_AGING_S)
         policies.make(**asdict(self))  # one error, naming the bad option, before anything runs
 
     @classmethod
@@ -66,21 +78,22 @@ class Setting:
         return cls(**s)
 
     def to_dict(self) -> dict:
-        """The policy's family of keys: mlx-lm's own three, or pdsim's four (so a pdsim setting's
-        dict is the same as before mlx-lm was modelled)."""
+        """The policy's family of keys: mlx-lm's own three, or pdsim's six (mlx-lm's are not in a
+        pdsim setting's dict)."""
         keys = ("policy", *MLX_LM_DEFAULTS) if self.policy == "mlx-lm" else ("policy", *DEFAULTS)
         return {k: getattr(self, k) for k in keys}
 
     @property
     def label(self) -> str:
-        """`chunked/b128/bs4`, `eager/bs4/decode-first`, `fifo/single`, `mlx-lm/s512/p4/d32`: the options
-        the policy reads."""
+        """`chunked/b128/bs4`, `eager/bs4/decode-first`, `fifo/single`, `chunked/b64/bs4/priority`,
+        `fifo/sjf/age60s`, `mlx-lm/s512/p4/d32`: the options the policy reads, those at their
+        defaults left out."""
         budget = [f"b{self.budget}"] if self.budget is not None else []
         return "/".join([self.policy, *budget, *self.variant_parts()])
 
     def variant_parts(self) -> list[str]:
-        """The label's parts after the policy and budget: batch size, decode mode, order; for mlx-lm
-        its step, prompt and decode concurrency (mlx_lm.server's three flags)."""
+        """The label's parts after the policy and budget: batch size, decode mode, order, queue order
+        and aging bound; for mlx-lm its step, prompt and decode concurrency (mlx_lm.server's flags)."""
         if self.policy == "mlx-lm":
             return [f"s{self.prefill_step}", f"p{self.prompt_concurrency}", f"d{self.decode_concurrency}"]
         parts = [f"bs{self.batch_size}"] if "batch_size" in policies.POLICIES[self.policy].uses else []
@@ -88,6 +101,10 @@ class Setting:
             parts.append(self.decode)
         if self.order != "chunk-first":
             parts.append(self.order)
+        if self.queue != "fcfs":
+            parts.append(self.queue)
+            if self.aging_s != DEFAULT_AGING_S:
+                parts.append(f"age{self.aging_s:g}s")
         return parts
 
 
@@ -108,16 +125,17 @@ def setting_label(s: "Setting | Mapping") -> str:
 
 def grid_settings(policy_names: Iterable[str], budgets: Iterable[int | None] = (128,),
                   batch_sizes: Iterable[int] = (4,), decodes: Iterable[str] = ("batched",),
-                  orders: Iterable[str] = ("chunk-first",), prefill_steps: Iterable[int | None] = (None,),
+                  orders: Iterable[str] = ("chunk-first",), queues: Iterable[str] = ("fcfs",),
+                  agings: Iterable[float] = (DEFAULT_AGING_S,), prefill_steps: Iterable[int | None] = (None,),
                   prompt_concurrencies: Iterable[int | None] = (None,),
                   decode_concurrencies: Iterable[int | None] = (None,)) -> list[dict]:
     """Every combination of the options, each distinct setting once (`unique`): mlx-lm's options do
-    not multiply the other policies, nor theirs mlx-lm."""
-    return unique({"policy": p, "budget": b, "batch_size": bs, "decode": d, "order": o, "prefill_step": st,
-                   "prompt_concurrency": pc, "decode_concurrency": dc}
-                  for p, b, bs, d, o, st, pc, dc in itertools.product(
-                      policy_names, budgets, batch_sizes, decodes, orders, prefill_steps, prompt_concurrencies,
-                      decode_concurrencies))
+    not multiply the other policies, nor theirs mlx-lm; aging bounds do not multiply fcfs."""
+    return unique({"policy": p, "budget": b, "batch_size": bs, "decode": d, "order": o, "queue": q, "aging_s": a,
+                   "prefill_step": st, "prompt_concurrency": pc, "decode_concurrency": dc}
+                  for p, b, bs, d, o, q, a, st, pc, dc in itertools.product(
+                      policy_names, budgets, batch_sizes, decodes, orders, queues, agings, prefill_steps,
+                      prompt_concurrencies, decode_concurrencies))
 
 
 def unique(settings: Iterable["Setting | Mapping"]) -> list[dict]:

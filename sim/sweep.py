@@ -85,8 +85,8 @@ def scale_rate(trace: Trace, factor: float) -> Trace:
     """The same requests arriving `factor` times as fast (arrival times divided by `factor`)."""
     if factor == 1.0:
         return trace
-    reqs = [Request(r.id, r.arrival / factor, r.prompt_len, r.output_len, r.prompt_ids, r.hash_ids, r.prefilled)
-            for r in trace.requests]
+    reqs = [Request(r.id, r.arrival / factor, r.prompt_len, r.output_len, r.prompt_ids, r.hash_ids, r.prefilled,
+                    r.cls, r.ttft_slo_ms) for r in trace.requests]
     return Trace(reqs, dict(trace.meta, rate_scale=factor * trace.meta.get("rate_scale", 1.0)))
 
 

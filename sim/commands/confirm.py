@@ -70,6 +70,12 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
         print(f"\n{res['label']}  ({report['protocol']['repeats']} runs)")
         print(table(rows, ["metric", "predicted", "measured", "range", "error"],
                     ["metric", "predicted", "measured (median)", "min..max", "rel. error"]))
+        if res.get("classes"):  # a trace with priority classes: TTFT by class
+            print(table([{"class": c, "metric": k, "predicted": v["predicted"][k], "measured": m["median"],
+                          "range": f"{fmt(m['min'])}..{fmt(m['max'])}", "error": f"{v['rel_error'][k]:+.1%}"}
+                         for c, v in res["classes"].items() for k, m in v["measured"].items()],
+                        ["class", "metric", "predicted", "measured", "range", "error"],
+                        ["class", "metric", "predicted", "measured (median)", "min..max", "rel. error"]))
         if res.get("calls_by_kind"):  # reports written before the per-call table have none
             print(table([dict(c, range=f"{fmt(c['ratio_p10'])}..{fmt(c['ratio_p90'])}")
                          for c in res["calls_by_kind"]],
