@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from policies.queue import DEFAULT_AGING_S, QUEUES, next_prefill
-from sim.state import EngineState, RequestState
+from policies.queue import DEFAULT_AGING_S, QUEUES, QueueOrder
+from sim.state import EngineState
 from sim.work import Decode, Work
 
 
@@ -55,9 +55,9 @@ class Options:
                 or not (math.isfinite(self.aging_s) and self.aging_s > 0):
             raise PolicyError(f"aging_s must be a finite number of seconds > 0, got {self.aging_s!r}")
 
-    def next_prefill(self, state: EngineState) -> RequestState | None:
-        """The queued request to prefill next, in this queue order (`policies.queue`)."""
-        return next_prefill(state, self.queue, self.aging_s)
+    def queue_order(self) -> QueueOrder:
+        """What picks the next prompt in this queue order (`policies.queue`): one per policy object."""
+        return QueueOrder(self.queue, self.aging_s)
 
     def decodes(self, rids: list[str]) -> list[Work]:
         """One batched call, or one call per request."""

@@ -26,6 +26,9 @@ class Chunked:
     name: str = "chunked"
     steady: ClassVar[bool] = True
 
+    def __post_init__(self) -> None:
+        self.queue_order = self.opts.queue_order()  # which waiting prompt starts next
+
     def schedule(self, state: EngineState) -> list[Work]:
         o = self.opts
         ready = list(islice(state.ready, o.batch_size + 1))  # the slots, and whether one waits
@@ -34,7 +37,7 @@ class Chunked:
         # tiny-llm: a request that waited for a slot takes it in an iteration with no prefill
         taking = o.order == "chunk-first" and any(state.ready[r].generated == 1 and not state.ready[r].req.prefilled
                                                    for r in slots)
-        s = self.opts.next_prefill(state) if state.queued and not blocked and not taking else None
+        s = self.queue_order.next(state) if state.queued and not blocked and not taking else None
         if s is not None:
             n = min(s.prefill_left, o.budget or s.prefill_left)
             chunk = [Prefill(s.rid, n)]

@@ -17,10 +17,13 @@ class Fifo:
     name: str = "fifo"
     steady: ClassVar[bool] = True
 
+    def __post_init__(self) -> None:
+        self.queue_order = self.opts.queue_order()  # which waiting prompt starts next
+
     def schedule(self, state: EngineState) -> list[Work]:
         if state.ready:  # the one request in service is decoding
             return self.opts.decodes([next(iter(state.ready))])
-        s = self.opts.next_prefill(state)
+        s = self.queue_order.next(state)
         if s is not None:
             return [Prefill(s.rid, min(s.prefill_left, self.opts.budget or s.prefill_left))]
         return []

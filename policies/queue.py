@@ -21,7 +21,10 @@ until a request has clearly been passed over; on a slow CPU pass a larger bound.
 """
 from __future__ import annotations
 
+import heapq
 import math
+import weakref
+from dataclasses import dataclass, field
 
 from sim.state import EngineState, RequestState
 
@@ -29,29 +32,60 @@ QUEUES = ("fcfs", "sjf", "priority")
 DEFAULT_AGING_S = 30.0
 
 
-def deadline(s: RequestState) -> float:
-    """Arrival plus the request's TTFT target, in seconds; infinite without a target."""
-    target = s.req.ttft_slo_ms
-    return math.inf if target is None else s.req.arrival + target / 1e3
+def deadline(r) -> float:
+    """A request's arrival plus its TTFT target, in seconds; infinite without a target."""
+    return math.inf if r.ttft_slo_ms is None else r.arrival + r.ttft_slo_ms / 1e3
 
 
-def prompt_len(s: RequestState) -> int:
-    return s.req.prompt_len
+def prompt_len(r) -> int:
+    return r.prompt_len
 
 
 KEYS = {"sjf": prompt_len, "priority": deadline}
 
 
-def next_prefill(state: EngineState, queue: str, aging_s: float) -> RequestState | None:
-    """The queued request whose prefill runs next under `queue`: a started prefill first, then any
-    request older than the aging bound (the oldest), then the queue's order (ties: arrival)."""
-    queued = state.queued
-    if not queued:
-        return None
-    head = next(iter(queued.values()))  # `queued` is in arrival order
-    if queue == "fcfs" or head.prefilled or state.now - head.req.arrival > aging_s:
-        return head
-    started = next((s for s in queued.values() if s.prefilled), None)
-    if started is not None:
-        return started
-    return min(queued.values(), key=KEYS[queue])  # the first of equal keys: the oldest
+@dataclass
+class QueueOrder:
+    """Picks the next prompt for one policy object. The keys never change while a request waits
+    (its prompt length, its deadline), so the waiting requests sit in a heap fed by the engine's
+    admissions: a pick costs a logarithm of the queue, not a scan of it, on a long trace whose
+    queue grows to thousands. The heap belongs to one run (one `EngineState`); a new run starts a
+    new one. Deterministic: ties go to the earlier arrival."""
+    queue: str = "fcfs"
+    aging_s: float = DEFAULT_AGING_S
+    _state: object = field(default=None, repr=False, compare=False)
+    _heap: list = field(default_factory=list, repr=False, compare=False)
+    _seen: int = field(default=0, repr=False, compare=False)
+    _started: str | None = field(default=None, repr=False, compare=False)
+
+    def next(self, state: EngineState) -> RequestState | None:
+        """The queued request whose prefill runs next: a started prefill first, then the oldest
+        request if it has waited longer than the aging bound, then the queue's order."""
+        queued = state.queued
+        if not queued:
+            return None
+        head = next(iter(queued.values()))  # `queued` is in arrival order
+        if self.queue == "fcfs" or head.prefilled:
+            return head
+        if self._state is None or self._state() is not state:  # a new run
+            self._state, self._heap, self._seen, self._started = weakref.ref(state), [], 0, None
+        started = queued.get(self._started)
+        if started is not None and started.prefilled:
+            return started
+        if state.now - head.req.arrival > self.aging_s:
+            chosen = head
+        else:
+            chosen = self._best(state)
+        self._started = chosen.rid
+        return chosen
+
+    def _best(self, state: EngineState) -> RequestState:
+        key, reqs, heap, queued = KEYS[self.queue], state.trace.requests, self._heap, state.queued
+        while self._seen < state.arrived:  # the requests admitted since the last pick
+            r = reqs[self._seen]
+            if not r.prefilled:
+                heapq.heappush(heap, (key(r), self._seen, r.id))
+            self._seen += 1
+        while heap[0][2] not in queued:  # prefilled since (served, or taken as the aged head)
+            heapq.heappop(heap)
+        return queued[heap[0][2]]
