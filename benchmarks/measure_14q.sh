@@ -7,6 +7,9 @@
 #
 #   bash benchmarks/measure_14q.sh [--profile P.json]
 #
+# About 7 minutes on a 2-core CPU: the confirm's 4 runs of ~40 s of trace each, in fresh processes
+# (model build ~11 s, warm-up) plus the correctness gate; then ~1 minute of simulator speed.
+#
 # Default profile: profiles/qwen3-0.6b-cpu.json (a quick calibration of this device,
 # `pdsim calibrate --model qwen3-0.6b --quick -o profiles/qwen3-0.6b-cpu.json`).
 set -euo pipefail
@@ -20,14 +23,16 @@ while [ $# -gt 0 ]; do
 done
 [ -f "$PROFILE" ] || { echo "no profile $PROFILE: pass --profile P.json (pdsim calibrate --model qwen3-0.6b --quick)" >&2; exit 2; }
 PDSIM=${PDSIM:-pdsim}
+REQUESTS=${REQUESTS:-14}  # a quicker check of the script itself: REQUESTS=4 REPEATS=1
+REPEATS=${REPEATS:-2}
 OUT=runs/m14q
 mkdir -p "$OUT"
 STAMP=$(date +%H%M%S)
 # 14 requests in bursts (gamma arrivals, burstiness 1/4, 1.5 requests/s on average): half tight
 # (prompts 16..48 tokens, TTFT target 8 s), half bulk (prompts 48..256, no target); 4..8 outputs.
 # The aging bound (120 s) lies above every wait here, so the order is priority's own.
-TRACE=(--trace bursty-classes --num-requests 14 --rate 1.5 --burstiness 1/4 --min-in 16 --max-in 256
-       --tight-max-in 48 --min-out 4 --max-out 8 --seed 3 --class-slo tight:ttft=8000)
+TRACE=(--trace bursty-classes --num-requests "$REQUESTS" --rate 1.5 --burstiness 1/4 --min-in 16 --max-in 256
+       --tight-max-in 48 --min-out 4 --max-out 8 --seed 0 --class-slo tight:ttft=8000)
 SETTINGS=(--setting chunked:budget=32,batch_size=4 chunked:budget=32,batch_size=4,queue=priority,aging_s=120)
 date
 for q in fcfs priority; do  # the prediction alone first (seconds)
@@ -35,7 +40,7 @@ for q in fcfs priority; do  # the prediction alone first (seconds)
     --aging-s 120 --json-out "$OUT/sim-$q-$STAMP.json" | tail -4
 done
 REPORT="$OUT/confirm-14q-$STAMP.json"
-$PDSIM confirm --profile "$PROFILE" "${TRACE[@]}" "${SETTINGS[@]}" --repeats 2 -o "$REPORT"
+$PDSIM confirm --profile "$PROFILE" "${TRACE[@]}" "${SETTINGS[@]}" --repeats "$REPEATS" -o "$REPORT"
 date
 python3 - "$REPORT" <<'PY'
 import json, sys
@@ -64,3 +69,12 @@ for q in ("fcfs", "priority"):
           f"{r['measured']['output_throughput']['median']:.2f}, makespan s {r['predicted']['makespan_s']:.1f} / "
           f"{r['measured']['makespan_s']['median']:.1f}")
 PY
+# The simulator's speed with the queue orders: 10,000 requests, Poisson arrivals (burstiness 1) at
+# 1.5 requests/s, two classes, the built-in profile (wall time of the whole command, scoring included)
+for q in fcfs sjf priority; do
+  /usr/bin/time -f "10,000 Poisson requests, chunked/b128/bs8 queue $q: %e s wall, %M KB peak" \
+    $PDSIM simulate --trace bursty-classes --num-requests 10000 --rate 1.5 --burstiness 1 --min-in 64 --max-in 512 \
+    --min-out 32 --max-out 128 --class-slo tight:ttft=2000 --policy chunked --budget 128 --batch-size 8 --queue $q \
+    | grep -E "^(engine_calls|p99_ttft_ms) "
+done
+date

@@ -180,6 +180,8 @@ def tally_of(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0, kee
 # so a sweep's columns stay the same whatever classes a trace holds.
 CLASS_FIGURES = ("requests", "completed", "ttft_target_ms", "mean_ttft_ms", "p50_ttft_ms", "p95_ttft_ms",
                  "p99_ttft_ms", "max_ttft_ms", "slo_attained")
+CLASS_SHOWN = ("requests", "completed", "ttft_target_ms", "p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
+               "slo_attained")  # `pdsim simulate`'s table
 CLASS_CONFIRMED = ("p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "slo_attained")  # confirm: predicted vs measured
 
 

@@ -221,7 +221,7 @@ def test_commands_take_the_queue_and_report_classes(tmp_path, capsys):
     code, out = _cli(["simulate", "--trace", "bursty-classes", "--class-slo", "tight:ttft=2000", "--policy",
                       "chunked", "--budget", "32", "--queue", "priority", "--json-out", str(out_json)], capsys)
     assert code == 0, out
-    assert "chunked/b32/bs4/priority" in out and "TTFT p99 ms" in out
+    assert "chunked/b32/bs4/priority" in out and "p99_ttft_ms" in out
     doc = json.loads(out_json.read_text())
     assert set(doc["classes"]) == {"tight", "bulk"} and doc["classes"]["tight"]["ttft_target_ms"] == 2000
     assert doc["classes"]["bulk"]["ttft_target_ms"] is None and doc["setting"]["queue"] == "priority"

@@ -15,7 +15,7 @@ from sim.commands.common import (add_policy_args, add_profile_args, add_slo_args
                                  cost_from_args, settings_from_args, slo_from_args, trace_from_args)
 from sim.files import atomic_write_json, check_output
 from sim.metric_registry import METRICS, SUMMARY
-from sim.metrics import class_metrics
+from sim.metrics import CLASS_SHOWN, class_metrics
 from sim.scored_log import simulate_scored
 from sim.settings import setting_label
 from sim.table import table
@@ -97,11 +97,9 @@ def run(args: argparse.Namespace) -> int:
 
 def class_table(by_class: dict) -> str:
     """The per-class TTFT figures (`sim.metrics.class_metrics`), one row per class."""
-    cols = ["requests", "completed", "ttft_target_ms", "p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "slo_attained"]
-    return table([{"class": c, **{k: (None if isinstance(v[k], float) and math.isnan(v[k]) else v[k]) for k in cols}}
-                  for c, v in by_class.items()], ["class", *cols],
-                 ["class", "requests", "completed", "TTFT target ms", "TTFT p50 ms", "TTFT p95 ms", "TTFT p99 ms",
-                  "SLO attained"])
+    undefined = lambda v: isinstance(v, float) and math.isnan(v)
+    return table([{"class": c, **{k: None if undefined(v[k]) else v[k] for k in CLASS_SHOWN}}
+                  for c, v in by_class.items()], ["class", *CLASS_SHOWN])
 
 
 def raise_same(path: str) -> None:
