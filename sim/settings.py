@@ -25,6 +25,7 @@ MLX_LM_DEFAULTS = dict(MLX_LM_SERVER_DEFAULTS)
 UNUSED = {"budget": None, "batch_size": 1, "decode": "batched", "order": "chunk-first", "queue": "fcfs",
           "aging_s": DEFAULT_AGING_S, **{k: None for k in MLX_LM_DEFAULTS}}
 KEYS = ("policy", *DEFAULTS, *MLX_LM_DEFAULTS)
+PDSIM_KEYS = ("budget", "batch_size", "decode", "order")  # in every pdsim setting's dict; the queue's when not fcfs
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,12 @@ class Setting:
                 object.__setattr__(self, key, value)
             elif getattr(self, key) is None and key in MLX_LM_DEFAULTS:
                 object.__setattr__(self, key, MLX_LM_DEFAULTS[key])
-        if not isinstance(self.queue, str) and self.queue != self.queue:  # NaN: a table row from before queues
+        if self.queue is None or (not isinstance(self.queue, str) and self.queue != self.queue):  # a row before queues
             object.__setattr__(self, "queue", "fcfs")
-        a = self.aging_s  # seconds, a float (60 and 60.0 are one setting); NaN from a table row: the default
-        if hasattr(a, "item") or (isinstance(a, (int, float)) and not isinstance(a, bool)):
+        a = self.aging_s  # seconds, a float (60 and 60.0 are one setting); NaN or None from a table row: the default
+        if a is None:
+            object.__setattr__(self, "aging_s", DEFAULT_AGING_S)
+        elif hasattr(a, "item") or (isinstance(a, (int, float)) and not isinstance(a, bool)):
             a = float(a)
             object.__setattr__(self, "aging_s", DEFAULT_AGING_S if math.isnan(a) else a)
         if self.queue == "fcfs":  # no order to age out of: fcfs at any aging bound is one setting
@@ -78,9 +81,13 @@ class Setting:
         return cls(**s)
 
     def to_dict(self) -> dict:
-        """The policy's family of keys: mlx-lm's own three, or pdsim's six (mlx-lm's are not in a
-        pdsim setting's dict)."""
-        keys = ("policy", *MLX_LM_DEFAULTS) if self.policy == "mlx-lm" else ("policy", *DEFAULTS)
+        """The policy's family of keys: mlx-lm's own three, or pdsim's four, with the queue order and
+        its aging bound only when it is not fcfs (so a setting from before queue orders, and every
+        fcfs setting, is the same dict as before: its reports, runs folders and resumes unchanged)."""
+        if self.policy == "mlx-lm":
+            keys = ("policy", *MLX_LM_DEFAULTS)
+        else:
+            keys = ("policy", *PDSIM_KEYS) + (("queue", "aging_s") if self.queue != "fcfs" else ())
         return {k: getattr(self, k) for k in keys}
 
     @property

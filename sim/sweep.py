@@ -132,6 +132,7 @@ def row_of(point: Point, inputs: Inputs, metrics: dict) -> dict:
     """The DataFrame row: where the point is in the grid, then every metric."""
     row = {"trace": point.trace, "rate_scale": point.rate_scale, "label": point.label}
     row.update({k: point.setting.get(k) for k in SETTING_KEYS})
+    row["queue"] = point.setting.get("queue", "fcfs")  # an fcfs setting's dict leaves it out (and its aging bound)
     row["trace_sha256"] = inputs.sha256[point.trace]
     row.update(metrics)
     return row
