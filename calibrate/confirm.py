@@ -31,8 +31,9 @@ from sim.files import atomic_write_json, check_output, jsonable
 from sim.log import EventLog
 from sim.metric_registry import CONFIRMED
 from sim.metrics import CLASS_CONFIRMED, log_class_metrics, score
-from sim.replay import simulate
-from sim.residuals import residual_table
+from sim.noise import CallNoise
+from sim.predict import REPLICAS, predict, predict_classes
+from sim.residuals import call_ratios, residual_table
 from sim.state import EngineError
 from sim.settings import setting, setting_label
 from traces.trace import Trace, load_jsonl
@@ -142,17 +143,18 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
     return runs
 
 
-def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], stall_ms: float = 100.0) -> list[dict]:
-    """Predicted (simulator) against measured (median, min, max over repeats), per setting and metric;
-    and per call kind (and size bucket), predicted/measured over the setting's runs."""
-    cost = cost_model(prof)
+def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], stall_ms: float = 100.0,
+            replicas: int = REPLICAS) -> list[dict]:
+    """Predicted (simulator; with the profile's call noise, the median and range over `replicas`
+    replays, `sim.predict`) against measured (median, min, max over repeats), per setting and
+    metric; and per call kind (and size bucket), predicted/measured over the setting's runs."""
+    cost, noise = cost_model(prof), CallNoise.from_json(prof.get("fit", {}).get("noise"))
     results = []
     for s in settings:
         label = setting_label(s)
         # the worker served a warm-up first, in the same process: predict that process
         warm, policy = warmup_trace(trace), policies.make(**s)
-        predicted_log = simulate(trace, policy, cost, warmup=warm)
-        predicted = score(predicted_log, stall_ms=stall_ms)
+        predicted, spread = predict(trace, policy, cost, noise, replicas, warm, stall_ms)
         mine = [r for r in runs if r["label"] == label]
         logs = [relogged(trace, r["log"], s) for r in mine]
         for r, log in zip(mine, logs):
@@ -167,16 +169,26 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
             measured[k] = {"median": med, "min": min(vals), "max": max(vals)}
             errors[k] = relative_error(predicted[k], med)
         results.append({"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
+                        "predicted_range": {k: list(spread[k]) for k in measured if k in spread},
                         "measured": measured, "rel_error": errors,
+                        "run_speed": [{"repeat": r["repeat"], "pred_over_meas": run_speed(log, cost)}
+                                      for r, log in zip(mine, logs)],
                         "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False),
-                        **compare_classes(trace, predicted_log, logs)})
+                        **compare_classes(trace, predict_classes(trace, policy, cost, noise, replicas, warm), logs)})
     return results
 
 
-def compare_classes(trace: Trace, predicted_log: EventLog, logs: list[EventLog]) -> dict:
-    """Per priority class (`sim.metrics.class_metrics`): predicted against measured (median, min,
-    max over repeats) of `CLASS_CONFIRMED`; {} for a trace without classes."""
-    predicted = log_class_metrics(trace, predicted_log)
+def run_speed(log: EventLog, cost: CostModel) -> float | None:
+    """The median over a run's calls of predicted/measured: how fast the machine ran this run
+    against the calibration (every call kind moves together when the machine changes speed
+    between processes, 10-20% on a shared VM; a call kind the model prices wrong stands apart)."""
+    ratios = [r for _, _, r in call_ratios([log], cost)]
+    return statistics.median(ratios) if ratios else None
+
+
+def compare_classes(trace: Trace, predicted: dict[str, dict] | None, logs: list[EventLog]) -> dict:
+    """Per priority class (`sim.metrics.class_metrics`): predicted (`sim.predict.predict_classes`)
+    against measured (median, min, max over repeats) of `CLASS_CONFIRMED`; {} for a trace without classes."""
     if predicted is None:
         return {}
     runs = [log_class_metrics(trace, log) for log in logs]
@@ -211,24 +223,25 @@ def relative_error(predicted: float, measured: float) -> float:
 
 def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: int = 4, warmup: int = 1,
             cooldown: float = 0.0, force: bool = False, stall_ms: float = 100.0, engine: str = "pdsim",
-            any_mlx_lm: bool = False) -> dict:
+            any_mlx_lm: bool = False, replicas: int = REPLICAS) -> dict:
     host = host_info()
     for w in check_inputs(prof, trace, out, host, force, settings, engine, any_mlx_lm):
         print(f"warning: {w}")
     runs_dir = out.with_name(out.name + ".runs")
     manifest = runs_manifest(prof, trace, settings, repeats, warmup, cooldown) | {"engine": engine}
     with RunsFolder(runs_dir, manifest):  # before any work
-        return _confirm(prof, trace, settings, out, repeats, warmup, cooldown, stall_ms, host, runs_dir, engine)
+        return _confirm(prof, trace, settings, out, repeats, warmup, cooldown, stall_ms, host, runs_dir, engine,
+                        replicas)
 
 
 def _confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: int, warmup: int, cooldown: float,
-             stall_ms: float, host: dict, runs_dir: Path, engine: str) -> dict:
+             stall_ms: float, host: dict, runs_dir: Path, engine: str, replicas: int) -> dict:
     t0 = time.perf_counter()
     g = gate(prof, trace, settings, engine)
     if not g["ok"]:
         raise UserError(f"correctness gate failed: {json.dumps(g)}")
     runs = run_all(prof, trace, settings, repeats, warmup, cooldown, runs_dir, engine)
-    results = compare(prof, trace, settings, runs, stall_ms)
+    results = compare(prof, trace, settings, runs, stall_ms, replicas)
     first = {}
     for r in runs:  # every run of every setting must produce the same greedy tokens
         first.setdefault("outputs", r["outputs"])
@@ -239,6 +252,7 @@ def _confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats:
                    **({"timing": "stream synchronized at the end of every next() and before each model call"}
                       if engine == "mlx-lm" else {})},
         "profile": profile_summary(prof),
+        "prediction": prediction_summary(prof, replicas),
         "trace": trace.to_dict(),
         "host": host,
         "settings": settings,
@@ -276,6 +290,17 @@ def check_report(doc: dict, where: str) -> None:
             raise UserError(f"{where}: runs[{i}] must hold its 'setting', 'repeat' and 'log'")
 
 
+def prediction_summary(prof: dict, replicas: int) -> dict:
+    """How the predictions were made: replays with the profile's call noise, or one at typical times."""
+    noise = CallNoise.from_json(prof.get("fit", {}).get("noise"))
+    if noise is None or replicas < 1:
+        why = "asked for (--replicas 0)" if noise is not None else "the profile measured no call noise"
+        return {"replicas": 0, "noise": None, "how": f"one replay at typical call times ({why})"}
+    return {"replicas": replicas, "noise": {"p50": noise.at(0.5), "p95": noise.at(0.95), "max": noise.at(1.0),
+                                            "calls": noise.calls},
+            "how": f"median over {replicas} replays, each call's time times a draw of the profile's call noise"}
+
+
 def profile_summary(prof: dict) -> dict:
     cost = {k: v for k, v in prof["cost"].items() if k not in ("prefill", "decode")}
     cost |= {k: {f: v for f, v in prof["cost"][k].items() if f in ("form", "coef", "knot", "lone")}
@@ -284,7 +309,8 @@ def profile_summary(prof: dict) -> dict:
             "engine": prof.get("engine", "pdsim"), "cost": cost}
 
 
-def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source: str | None = None) -> dict:
+def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source: str | None = None,
+            replicas: int = REPLICAS) -> dict:
     """The same measured runs, predicted again with `prof` (e.g. after a refit); nothing re-run.
 
     The new report keeps every measurement and says which report and profile it came from.
@@ -300,9 +326,10 @@ def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source
     try:
         runs = [dict(r, label=setting_label(r["setting"])) for r in report["runs"]]  # labels by today's rules
         settings = [setting(s) for s in report["settings"]]
-        results = compare(prof, trace, settings, runs, stall_ms)
+        results = compare(prof, trace, settings, runs, stall_ms, replicas)
     except (KeyError, TypeError, ValueError, IndexError, EngineError) as e:  # a damaged run in a well-formed report
         raise UserError(f"{where}: its runs cannot be replayed ({type(e).__name__}: {e})") from None
-    new = dict(report, profile=profile_summary(prof), rescored_from=source, runs=runs, results=results)
+    new = dict(report, profile=profile_summary(prof), prediction=prediction_summary(prof, replicas),
+               rescored_from=source, runs=runs, results=results)
     atomic_write_json(out, new)
     return new

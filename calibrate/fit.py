@@ -20,6 +20,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from sim.errors import InputError
+from sim.noise import measure as measure_noise
 from sim.residuals import summarize
 from sim.costmodel import DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel
 
@@ -287,6 +288,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
             p["fitted"] = float(f)
     fit = {"errors": errors, "target": TARGET, "uses": cost["use"], "speed_by_round": speed_by_round(samples)}
+    fit |= noise_of(samples, fit["speed_by_round"])
     if held_runs:
         fit["replay"] = replay_errors(held_runs, forms)
     return {"cost": cost, "fit": fit}
@@ -355,6 +357,13 @@ def fit_copy(samples: list[dict]) -> list[float]:
     for s, f in zip(samples, X @ res.x):
         s["fitted"] = float(f)
     return [float(c) for c in res.x]
+
+
+def noise_of(samples: list[dict], speeds: list[float]) -> dict:
+    """The calls' own noise (`sim.noise`), for predicting tails: {"noise": ...}, or {} when the
+    grid repeated too few points to say."""
+    noise = measure_noise(samples, speeds)
+    return {"noise": noise.to_json()} if noise is not None else {}
 
 
 def speed_by_round(samples: list[dict]) -> list[float]:

@@ -14,7 +14,7 @@ import statistics
 
 import numpy as np
 
-from calibrate.fit import FOLDS, TARGET, _folds, _nnls, knot_of, repeat_noise, speed_by_round
+from calibrate.fit import FOLDS, TARGET, _folds, _nnls, knot_of, noise_of, repeat_noise, speed_by_round
 from sim.costmodel import MLX_PROMPT_FORM, MLX_STEP_FORM, Curve, LinearCostModel, MlxLmCosts
 from sim.residuals import summarize
 
@@ -108,6 +108,7 @@ def fit_mlx_lm(samples: list[dict], iteration: float, seed: int = 0) -> dict:
         "copy": g.copy, "fresh": g.fresh, "iteration": iteration,
     }
     fit = {"errors": errors, "target": TARGET, "speed_by_round": speed_by_round(samples)}
+    fit |= noise_of(samples, fit["speed_by_round"])
     if held_runs:
         fit["replay"] = replay_errors(held_runs, section)
     return {"cost": {"mlx_lm": section}, "fit": fit}

@@ -139,7 +139,17 @@ def check_profile(prof: dict, path) -> None:
     if "engine_runs" in prof:
         check_engine_runs(w, prof["engine_runs"])
     if "fit" in prof:
-        _obj(w, prof["fit"], "fit")
+        fit = _obj(w, prof["fit"], "fit")
+        if "noise" in fit:
+            check_noise(w, _obj(w, fit["noise"], "fit.noise"))
+
+
+def check_noise(w: _Where, noise: dict) -> None:
+    """Quantiles of a call's time factor (`sim.noise`): at least two, finite, > 0, not decreasing."""
+    q = _numbers(w, noise.get("quantiles"), "fit.noise.quantiles", lo=1e-6)
+    if len(q) < 2 or any(b < a for a, b in zip(q, q[1:])):
+        raise w.fail("fit.noise.quantiles", "must hold at least two numbers, not decreasing (they are quantiles)")
+    _whole(w, noise.get("calls"), "fit.noise.calls", lo=1)
 
 
 def check_cost(w: _Where, cost: dict) -> None:

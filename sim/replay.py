@@ -5,6 +5,8 @@ One SimPy event per engine iteration, or one per steady stretch of identical ite
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import simpy
 
 from policies.base import Policy
@@ -16,8 +18,9 @@ from traces.trace import Trace
 
 
 def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True, warmup: Trace | None = None,
-             log: EventLog | None = None) -> EventLog:
-    """Replay `trace` under `policy`; return the event log. Deterministic: no randomness inside.
+             log: EventLog | None = None, noise: Callable[[], float] | None = None) -> EventLog:
+    """Replay `trace` under `policy`; return the event log. Deterministic: no randomness inside
+    but `noise`'s.
 
     The engine is one SimPy process; arrivals are read from the trace between iterations, as a
     real engine sees them. The engine keeps the exact clock (`t`, each end the start plus the
@@ -25,12 +28,14 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
     stretches (`sim.steady`), for checking that it changes nothing. `warmup`: a trace the same
     process served first (a confirm run's warm-up), whose KV arrays the allocator then reuses.
     `log`: where the run is logged (`sim.scored_log.ScoredLog` scores a long run in bounded memory).
+    `noise`: a factor for every call's time (`sim.noise.CallNoise.sampler`); it turns the steady
+    stretches off, since every call then takes its own time.
     """
     if engine_of(policy) == "pdsim" and not getattr(cost, "pdsim_forms", True):
         raise ProfileError(f"the profile prices mlx-lm's BatchGenerator only (`pdsim calibrate --engine mlx-lm`); "
                            f"policy {policy.name!r} runs on pdsim's engine: calibrate without --engine for it")
     state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0, log)
-    _serve(state, policy, cost, steady)
+    _serve(state, policy, cost, steady and noise is None, noise)
     return state.log
 
 
@@ -46,7 +51,8 @@ def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> int:
     return state.kv.largest
 
 
-def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool) -> None:
+def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
+           noise: Callable[[], float] | None = None) -> None:
     """The engine process over `state`'s trace, run to the end."""
     env = simpy.Environment()
     host = cost.overhead(engine_of(policy)) if hasattr(cost, "overhead") else cost.iteration
@@ -76,6 +82,9 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool) ->
                 overhead = host  # host work before the iteration's first call
                 for item in work:
                     sync, seconds = call_costs(cost, state, item)
+                    if noise is not None:
+                        f = noise()
+                        sync, seconds = sync * f, seconds * f
                     start, synced, end = t + overhead, t + (overhead + sync), t + (overhead + (sync + seconds))
                     state.apply(item, start, end, synced)
                     t, overhead = end, 0.0

@@ -14,6 +14,7 @@ from calibrate.kernels import DecodeBatch
 from calibrate.profiler import ONCE, batch_cache, master_cache, run_grid, sliced
 from sim.costmodel import cost_model, load_profile
 from sim.errors import UserError
+from sim.noise import MIN_CALLS, POINTS
 
 
 def pdsim(*args):
@@ -59,6 +60,10 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     for step in ("prefill", "decode"):
         assert all(c >= 0 for c in prof["cost"][step]["coef"])
         assert prof["cost"][step]["use"] in ("fit", "grid")
+    noise = prof["fit"]["noise"]  # the timings' own noise, rounds' speeds divided out: for predicting tails
+    assert MIN_CALLS <= noise["calls"] <= sum(len(s["times"]) for s in grid) and len(noise["quantiles"]) == POINTS
+    assert noise["quantiles"] == sorted(noise["quantiles"]) and noise["quantiles"][0] <= 1.0 <= noise["quantiles"][-1]
+    assert "call noise" in stdout
     model = cost_model(prof)
     assert model.prefill(32, 16) > model.prefill(4, 0) > 0
     assert not (tmp_path / "tiny.json.partial.jsonl").exists()
@@ -68,6 +73,7 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     assert code == 0, err
     again = load_profile(refit)
     assert again["cost"]["prefill"]["coef"] == prof["cost"]["prefill"]["coef"]
+    assert again["fit"]["noise"] == prof["fit"]["noise"]
     assert again["samples"] == json.loads(out.read_text())["samples"] and again["refit_of"] == str(out)
     # an existing profile is not overwritten
     code, _, err = pdsim("calibrate", "--model", "qwen3-tiny", "--grid", "tiny", "-o", str(out))

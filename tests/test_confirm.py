@@ -1,16 +1,25 @@
 """`pdsim confirm` end to end on qwen3-tiny: the gate, the protocol, the report, the arithmetic."""
 import json
 import math
+import statistics
 import subprocess
 import sys
 
 import pytest
 
+import policies
+
 from calibrate.calibration import calibrate
 from calibrate.grid import TINY
+from calibrate.worker import warmup_trace
 from sim.costmodel import cost_model, load_profile
 from sim.log import EventLog
-from sim.residuals import residual_table
+from sim.metrics import score
+from sim.noise import MIN_CALLS
+from sim.predict import REPLICAS
+from sim.replay import simulate
+from sim.residuals import price_call, residual_table
+from traces.trace import Trace
 
 
 def pdsim(*args):
@@ -63,6 +72,11 @@ def test_confirm_end_to_end(profile, tmp_path):
             assert all(math.isfinite(c[k]) and c[k] > 0 for k in ("ratio_p10", "ratio_median", "ratio_p90"))
             assert c["ratio_p10"] <= c["ratio_median"] <= c["ratio_p90"]
         json.dumps([res["calls"], res["calls_by_kind"]], allow_nan=False)  # strict JSON
+        # each run's speed against the calibration: the median of its calls' predicted/measured
+        assert [r["repeat"] for r in res["run_speed"]] == [r["repeat"] for r in runs]
+        for r, log in zip(res["run_speed"], logs):
+            ratios = sorted(price_call(cost, c) / (c.end - c.start) for c in log.calls if c.end > c.start)
+            assert r["pred_over_meas"] == pytest.approx(statistics.median(ratios))
     assert "pred/meas (median)" in stdout  # and each setting's by-kind table, a row per kind
     for kind in ("prefill", "decode"):
         assert sum(line.startswith(f"{kind} ") for line in stdout.splitlines()) == len(rep["results"])
@@ -74,6 +88,23 @@ def test_confirm_end_to_end(profile, tmp_path):
     assert new["rescored_from"] == str(out) and new["runs"] == rep["runs"]
     assert [r["predicted"] for r in new["results"]] == [r["predicted"] for r in rep["results"]]
     assert [r["calls"] for r in new["results"]] == [r["calls"] for r in rep["results"]]
+    # predicted with the profile's call noise: the median over seeded replays, inside their range
+    assert rep["prediction"]["replicas"] == REPLICAS and rep["prediction"]["noise"]["calls"] >= MIN_CALLS
+    for res in rep["results"]:
+        assert set(res["predicted_range"]) == set(res["predicted"])
+        assert all(lo <= res["predicted"][k] <= hi for k, (lo, hi) in res["predicted_range"].items())
+    # --replicas 0: one replay at typical call times, what `pdsim simulate` replays
+    typical = tmp_path / "typical.json"
+    code, stdout, err = pdsim("confirm", "--profile", str(profile), "--rescore", str(out), "--replicas", "0",
+                              "-o", str(typical))
+    assert code == 0, err
+    one = json.loads(typical.read_text())
+    assert one["prediction"]["replicas"] == 0 and all(not r["predicted_range"] for r in one["results"])
+    trace = Trace.from_dicts(rep["trace"]["requests"], rep["trace"]["meta"])
+    for res in one["results"]:
+        plain = score(simulate(trace, policies.make(**res["setting"]), cost_model(load_profile(profile)),
+                               warmup=warmup_trace(trace)))
+        assert res["predicted"] == {k: plain[k] for k in res["predicted"]}
     # the report is never overwritten
     code, _, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--budget", "8", "--repeats", "1",
                          "-o", str(out))

@@ -9,6 +9,7 @@ import policies
 from sim.costmodel import Curve, GridCostModel, LinearCostModel
 from sim.log import EventLog
 from sim.metrics import inter_token_gaps
+from sim.noise import CallNoise
 from sim.replay import simulate
 from sim.state import EngineState
 from traces.trace import Request, Trace
@@ -49,10 +50,19 @@ costs = st.builds(
     st.one_of(st.none(), st.floats(0, 2e-6)))  # a lone request's slope
 
 
+# call noise (`sim.noise`): None, or quantiles of a factor and a seed
+noises = st.one_of(st.none(), st.tuples(st.lists(st.floats(0.5, 2.0), min_size=2, max_size=6).map(sorted),
+                                        st.integers(0, 2**31)))
+
+
+def sampler(noise):
+    return None if noise is None else CallNoise(tuple(noise[0]), 1).sampler(noise[1])
+
+
 @settings(max_examples=150, deadline=None)
-@given(traces(), settings_, costs)
-def test_invariants(trace, setting, cost):
-    log = simulate(trace, policies.make(**setting), cost)
+@given(traces(), settings_, costs, noises)
+def test_invariants(trace, setting, cost, noise):
+    log = simulate(trace, policies.make(**setting), cost, noise=sampler(noise))
     reqs = {r.id: r for r in trace.requests}
 
     # every request gets exactly its output budget
@@ -96,8 +106,8 @@ def test_invariants(trace, setting, cost):
         if not r.prefilled:
             assert log.tokens[r.id][0] == done_prefill[r.id]
 
-    # the same inputs give the same log
-    again = simulate(trace, policies.make(**setting), cost)
+    # the same inputs (and seed) give the same log
+    again = simulate(trace, policies.make(**setting), cost, noise=sampler(noise))
     assert again.to_dict() == log.to_dict()
 
 

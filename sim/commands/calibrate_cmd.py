@@ -8,6 +8,8 @@ from pathlib import Path
 from sim.commands.common import seed_int, whole
 from sim.errors import InputError
 from sim.files import check_output
+from sim.noise import NOISY, CallNoise
+from sim.predict import REPLICAS
 from traces.schema import MAX_TOKENS
 
 NEEDS_MLX = True
@@ -145,6 +147,13 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
         print(f"  machine speed by round (timing / median): {' '.join(f'{x:.2f}' for x in speed)}; drift {drift:.0%}"
               + ("; above 10%: something else ran, or the machine is shared; calibrate again on a quiet machine"
                  if drift > 0.10 else ""))
+    noise = CallNoise.from_json(prof["fit"].get("noise"))
+    if noise is not None:
+        print(f"  call noise (a timing over its point's median; confirm replays {REPLICAS} times with it): "
+              f"p5 {noise.at(0.05):.2f}, p50 {noise.at(0.5):.2f}, p95 {noise.at(0.95):.2f}, max {noise.at(1):.2f} "
+              f"over {noise.calls} timings" + ("; a p95 above 1.3: something else ran in most rounds, and tails will "
+                                               "be predicted high; calibrate again on a quiet machine"
+                                               if noise.at(0.95) > NOISY else ""))
     c = prof["cost"]
     if "mlx_lm" in c:
         report_mlx_lm(c["mlx_lm"])

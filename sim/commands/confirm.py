@@ -6,8 +6,10 @@ from pathlib import Path
 
 from sim.commands.common import (add_policy_args, add_trace_args, finite_float, positive_float, settings_from_args,
                                  trace_from_args, whole)
+from sim.predict import REPLICAS
 
 NEEDS_MLX = True
+SPEED_SPREAD = 0.10  # runs' speeds further apart than this: the machine, not the model
 
 
 def add_parser(sub) -> None:
@@ -34,6 +36,9 @@ def add_parser(sub) -> None:
     p.add_argument("--rescore", metavar="REPORT",
                    help="measure nothing: predict the runs of an existing confirm report again with --profile "
                         "(e.g. after `pdsim calibrate --refit`) and write a new report")
+    p.add_argument("--replicas", type=whole(0, 1000), default=REPLICAS,
+                   help=f"predict each setting as the median over this many replays with the profile's call "
+                        f"noise (default {REPLICAS}; 0: one replay at typical call times)")
     p.add_argument("-o", "--out", required=True, help="report JSON (never overwritten)")
 
 
@@ -44,10 +49,11 @@ def run(args: argparse.Namespace) -> int:
     prof = load_profile(args.profile)
     if args.rescore:
         report = rescore(read_json_object(args.rescore, "confirm report"), prof, Path(args.out), args.stall_ms,
-                         args.rescore)
+                         args.rescore, args.replicas)
     else:
         report = confirm(prof, trace_from_args(args), settings_from_args(args), Path(args.out), args.repeats,
-                         args.warmup, args.cooldown, args.force, args.stall_ms, args.engine, args.any_mlx_lm)
+                         args.warmup, args.cooldown, args.force, args.stall_ms, args.engine, args.any_mlx_lm,
+                         args.replicas)
     return print_report(report, args.out, args.tolerance)
 
 
@@ -59,17 +65,28 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
     if "policy_calls_identical" in report["gate"]:
         print(f"engine: mlx-lm {report['engine'].get('mlx_lm')} BatchGenerator; its calls are the mlx-lm policy's, "
               f"call by call, in every run: {report['gate']['policy_calls_identical']} ({report['engine']['timing']})")
+    if "prediction" in report:  # reports before call noise predicted with one replay
+        print(f"prediction: {report['prediction']['how']}")
     worst = 0.0
     for res in report["results"]:
         rows = []
         for k, m in res["measured"].items():
             err = res["rel_error"][k]
             worst = max(worst, abs(err)) if k != "resume_gap_max_ms" else worst
-            rows.append({"metric": k, "predicted": res["predicted"][k], "measured": m["median"],
+            lo, hi = res.get("predicted_range", {}).get(k, (None, None))
+            rows.append({"metric": k, "predicted": res["predicted"][k],
+                         "prange": f"{fmt(lo)}..{fmt(hi)}" if lo is not None else "-", "measured": m["median"],
                          "range": f"{fmt(m['min'])}..{fmt(m['max'])}", "error": f"{err:+.1%}"})
         print(f"\n{res['label']}  ({report['protocol']['repeats']} runs)")
-        print(table(rows, ["metric", "predicted", "measured", "range", "error"],
-                    ["metric", "predicted", "measured (median)", "min..max", "rel. error"]))
+        print(table(rows, ["metric", "predicted", "prange", "measured", "range", "error"],
+                    ["metric", "predicted", "replays min..max", "measured (median)", "min..max", "rel. error"]))
+        speeds = {r["repeat"]: r["pred_over_meas"] for r in res.get("run_speed", ()) if r["pred_over_meas"]}
+        if speeds:
+            spread = max(speeds.values()) / min(speeds.values()) - 1
+            print("runs' calls, predicted/measured (median over each run's calls): "
+                  + " ".join(f"r{rep} {v:.2f}" for rep, v in speeds.items())
+                  + (f"; {spread:.0%} apart: the machine changed speed between runs, and every measured figure "
+                     "moved with it" if spread > SPEED_SPREAD else ""))
         if res.get("classes"):  # a trace with priority classes: TTFT by class
             print(table([{"class": c, "metric": k, "predicted": v["predicted"][k], "measured": m["median"],
                           "range": f"{fmt(m['min'])}..{fmt(m['max'])}", "error": f"{v['rel_error'][k]:+.1%}"}

@@ -1,0 +1,58 @@
+"""A run's predicted metrics: one replay at typical call times, or the median over noisy replays.
+
+With a profile that measured its engine's call noise (`sim.noise`), a run is replayed `replicas`
+times, each call's time multiplied by a seeded draw, and every metric is the median over the
+replays: a max gap is then the worst of the calls as they come, not of their typical times, and
+a measured run's figure is compared with what a run typically shows. Replica i uses seed i, so
+a prediction is the same every time it is made.
+"""
+from __future__ import annotations
+
+import math
+from statistics import median
+
+from policies.base import Policy
+from sim.costmodel import CostModel
+from sim.metrics import log_class_metrics, score
+from sim.noise import CallNoise
+from sim.replay import simulate
+from traces.trace import Trace
+
+REPLICAS = 15
+
+
+def predict(trace: Trace, policy: Policy, cost: CostModel, noise: CallNoise | None = None,
+            replicas: int = REPLICAS, warmup: Trace | None = None,
+            stall_ms: float = 100.0) -> tuple[dict, dict[str, tuple[float, float]]]:
+    """Every metric of the run as predicted (NaN where no replay has one), and each metric's
+    range (min, max) over the replays ({} for the one replay at typical times)."""
+    if noise is None or replicas < 1:
+        return score(simulate(trace, policy, cost, warmup=warmup), stall_ms=stall_ms), {}
+    runs = [score(simulate(trace, policy, cost, warmup=warmup, noise=noise.sampler(i)), stall_ms=stall_ms)
+            for i in range(replicas)]
+    out, spread = {}, {}
+    for k in runs[0]:
+        vals = [r[k] for r in runs if isinstance(r[k], (int, float)) and not math.isnan(r[k])]
+        out[k] = median(vals) if vals else math.nan
+        if vals:
+            spread[k] = (min(vals), max(vals))
+    return out, spread
+
+
+def predict_classes(trace: Trace, policy: Policy, cost: CostModel, noise: CallNoise | None = None,
+                    replicas: int = REPLICAS, warmup: Trace | None = None) -> dict[str, dict] | None:
+    """Each priority class's figures (`sim.metrics.class_metrics`) as predicted, by the same
+    replays as `predict`: the median over them of every figure; None for a trace without classes."""
+    if not any(r.cls is not None for r in trace.requests):
+        return None
+    if noise is None or replicas < 1:
+        return log_class_metrics(trace, simulate(trace, policy, cost, warmup=warmup))
+    runs = [log_class_metrics(trace, simulate(trace, policy, cost, warmup=warmup, noise=noise.sampler(i)))
+            for i in range(replicas)]
+    out = {}
+    for cls, first in runs[0].items():
+        out[cls] = {}
+        for k in first:
+            vals = [r[cls][k] for r in runs if not math.isnan(r[cls][k])]
+            out[cls][k] = median(vals) if vals else math.nan
+    return out
