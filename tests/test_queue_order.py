@@ -265,3 +265,28 @@ def test_malformed_class_fields_are_refused(row, needle, tmp_path, capsys):
     csv.write_text("arrived_at,num_prefill_tokens,num_decode_tokens,class\n0,5,3,a;b\n")
     code, out = _cli(["simulate", "--trace", str(csv)], capsys)
     assert code == 2 and "class 'a;b'" in out and "line 2" in out, out
+
+
+def test_confirm_compares_each_class_predicted_against_measured():
+    """`calibrate.confirm.compare_classes` on replays: the median over noisy replays per class, and
+    measured figures as the median, min and max over runs (here: replays priced 10% slower)."""
+    from calibrate.confirm import compare_classes
+    from sim.noise import CallNoise
+    from sim.predict import predict_classes
+    trace, = with_class_targets({"t": bursty_classes(12, rate=4.0, seed=2)}, {"tight": 300.0}).values()
+    cost = LinearCostModel((5e-3, 2e-4, 1e-8), (2e-2, 1e-3, 1e-7), 1e-4)
+    slow = LinearCostModel((5.5e-3, 2.2e-4, 1.1e-8), (2.2e-2, 1.1e-3, 1.1e-7), 1.1e-4)
+    policy = policies.make("chunked", 16, queue="priority")
+    noise = CallNoise(tuple(0.9 + 0.2 * i / 40 for i in range(41)), 100)
+    pred = predict_classes(trace, policy, cost, noise, 5)
+    typical = predict_classes(trace, policy, cost)
+    assert set(pred) == {"tight", "bulk"} and pred != typical
+    runs = [simulate(trace, policy, slow), simulate(trace, policy, slow, noise=noise.sampler(7))]
+    out = compare_classes(trace, typical, runs)["classes"]
+    tight = out["tight"]
+    assert tight["ttft_target_ms"] == 300.0 and set(tight["measured"]) == {"p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
+                                                                          "slo_attained"}
+    assert tight["rel_error"]["p99_ttft_ms"] < 0  # predicted faster than the slower "measured" runs
+    assert out["bulk"]["ttft_target_ms"] is None and "slo_attained" not in out["bulk"]["measured"]
+    assert compare_classes(Trace([Request("0", 0.0, 5, 2)]), None, []) == {}
+    json.dumps(out, allow_nan=False)
