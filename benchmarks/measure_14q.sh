@@ -45,7 +45,7 @@ date
 python3 - "$REPORT" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
-res = {r["setting"]["queue"]: r for r in doc["results"]}
+res = {r["setting"].get("queue", "fcfs"): r for r in doc["results"]}  # an fcfs setting names no queue
 def cell(r, cls, k):
     c = r["classes"].get(cls, {})
     if k not in c.get("measured", {}):
@@ -53,7 +53,7 @@ def cell(r, cls, k):
     p, m, e = c["predicted"][k], c["measured"][k]["median"], c["rel_error"][k]
     if k == "slo_attained":
         return f"{p:.0%} / {m:.0%}"
-    return f"{p:,.0f} / {m:,.0f} ({e:+.0%})"
+    return f"{p:,.0f} / {m:,.0f} ({'-' if e is None else format(e, '+.0%')})"
 rows = [("tight p99 TTFT ms", "tight", "p99_ttft_ms"), ("tight p50 TTFT ms", "tight", "p50_ttft_ms"),
         ("tight SLO attained (8 s)", "tight", "slo_attained"),
         ("bulk p50 TTFT ms", "bulk", "p50_ttft_ms"), ("bulk p99 TTFT ms", "bulk", "p99_ttft_ms")]

@@ -89,7 +89,7 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                      "moved with it" if spread > SPEED_SPREAD else ""))
         if res.get("classes"):  # a trace with priority classes: TTFT by class
             print(table([{"class": c, "metric": k, "predicted": v["predicted"][k], "measured": m["median"],
-                          "range": f"{fmt(m['min'])}..{fmt(m['max'])}", "error": f"{v['rel_error'][k]:+.1%}"}
+                          "range": f"{fmt(m['min'])}..{fmt(m['max'])}", "error": _signed(v["rel_error"][k])}
                          for c, v in res["classes"].items() for k, m in v["measured"].items()],
                         ["class", "metric", "predicted", "measured", "range", "error"],
                         ["class", "metric", "predicted", "measured (median)", "min..max", "rel. error"]))
@@ -104,3 +104,8 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
         print(f"largest |relative error| {worst:.1%} exceeds --tolerance {tolerance:.1%}")
         return 1
     return 0
+
+
+def _signed(err: float | None) -> str:
+    """A relative error as a signed percentage; `-` where it is undefined (measured 0, predicted not)."""
+    return "-" if err is None else f"{err:+.1%}"
