@@ -13,6 +13,7 @@ import json
 import math
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 from tqdm import tqdm
@@ -31,9 +32,9 @@ from sim.files import atomic_write_json, check_output, jsonable
 from sim.log import EventLog
 from sim.kvlimit import check_kv_limits
 from sim.metric_registry import CONFIRMED, CONFIRMED_KV
-from sim.metrics import score
+from sim.metrics import CLASS_CONFIRMED, log_class_metrics, score
 from sim.noise import CallNoise
-from sim.predict import REPLICAS, predict
+from sim.predict import REPLICAS, predict, predict_classes
 from sim.residuals import call_ratios, residual_table
 from sim.state import EngineError
 from sim.settings import setting, setting_label
@@ -157,9 +158,8 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
     for s in settings:
         label = setting_label(s)
         # the worker served a warm-up first, in the same process: predict that process
-        warm = warmup_trace(trace)
-        predicted, spread = predict(trace, lambda: policies.make(**s, cost=cost), cost, noise, replicas, warm,
-                                    stall_ms)
+        warm, policy = warmup_trace(trace), partial(policies.make, **s, cost=cost)  # a fresh policy per replay
+        predicted, spread = predict(trace, policy, cost, noise, replicas, warm, stall_ms)
         mine = [r for r in runs if r["label"] == label]
         logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes) for r in mine]
         for r, log in zip(mine, logs):
@@ -178,7 +178,8 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
                         "measured": measured, "rel_error": errors,
                         "run_speed": [{"repeat": r["repeat"], "pred_over_meas": run_speed(log, cost)}
                                       for r, log in zip(mine, logs)],
-                        "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False)})
+                        "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False),
+                        **compare_classes(trace, predict_classes(trace, policy, cost, noise, replicas, warm), logs)})
     return results
 
 
@@ -188,6 +189,28 @@ def run_speed(log: EventLog, cost: CostModel) -> float | None:
     between processes, 10-20% on a shared VM; a call kind the model prices wrong stands apart)."""
     ratios = [r for _, _, r in call_ratios([log], cost)]
     return statistics.median(ratios) if ratios else None
+
+
+def compare_classes(trace: Trace, predicted: dict[str, dict] | None, logs: list[EventLog]) -> dict:
+    """Per priority class (`sim.metrics.class_metrics`): predicted (`sim.predict.predict_classes`)
+    against measured (median, min, max over repeats) of `CLASS_CONFIRMED`; {} for a trace without classes."""
+    if predicted is None:
+        return {}
+    runs = [log_class_metrics(trace, log) for log in logs]
+    out = {}
+    for cls, pred in predicted.items():
+        row = {"requests": pred["requests"], "ttft_target_ms": pred["ttft_target_ms"], "predicted": {},
+               "measured": {}, "rel_error": {}}
+        for k in CLASS_CONFIRMED:
+            vals = [r[cls][k] for r in runs if not math.isnan(r[cls][k])]
+            if not vals or math.isnan(pred[k]):
+                continue
+            med = statistics.median(vals)
+            row["predicted"][k] = pred[k]
+            row["measured"][k] = {"median": med, "min": min(vals), "max": max(vals)}
+            row["rel_error"][k] = relative_error(pred[k], med)
+        out[cls] = row
+    return {"classes": jsonable(out)}
 
 
 def call_rows(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:

@@ -27,7 +27,8 @@ def warmup_trace(trace: Trace, n: int = 2, outputs: int = 4, prompt: int = 64) -
     for r in trace.requests[:n]:
         p = min(r.prompt_len, prompt)
         ids = None if r.prompt_ids is None else r.prompt_ids[:p]
-        reqs.append(Request(r.id, 0.0, p, min(r.output_len, outputs), ids, prefilled=r.prefilled))
+        reqs.append(Request(r.id, 0.0, p, min(r.output_len, outputs), ids, prefilled=r.prefilled, cls=r.cls,
+                            ttft_slo_ms=r.ttft_slo_ms))
     return Trace(reqs, {"source": "warmup"})
 
 

@@ -8,6 +8,7 @@ from policies.budget import check_idle_budget, is_adaptive, parse_budget
 from policies.chunked import Chunked, eager
 from policies.fifo import Fifo
 from policies.mlxlm import MODELLED, MlxLm
+from policies.queue import DEFAULT_AGING_S, QUEUES
 from sim.errors import InputError
 from sim.memory import parse_kv_limit
 
@@ -24,13 +25,13 @@ class PolicyInfo(NamedTuple):
 
 POLICIES = {
     "fifo": PolicyInfo("one request at a time: its whole prefill, then all its decodes (the meTile FIFO reference)",
-                       lambda o, cost: Fifo(o), ("decode", "kv_limit")),
+                       lambda o, cost: Fifo(o), ("decode", "kv_limit", "queue", "aging_s")),
     "eager": PolicyInfo("a request's whole prompt in one prefill call, then one decode for every active request",
-                        lambda o, cost: eager(o), ("batch_size", "decode", "order", "kv_limit")),
+                        lambda o, cost: eager(o), ("batch_size", "decode", "order", "kv_limit", "queue", "aging_s")),
     "chunked": PolicyInfo("the pending request prefills at most `budget` tokens per iteration (auto:MS: as many as "
                           "keep the predicted iteration within MS ms), then one decode for every active request",
                           lambda o, cost: Chunked(o, cost=cost),
-                          ("budget", "batch_size", "decode", "order", "idle_budget", "kv_limit")),
+                          ("budget", "batch_size", "decode", "order", "idle_budget", "kv_limit", "queue", "aging_s")),
     # built by `make` from its own options (MLX_LM_OPTIONS), not from `Options`
     "mlx-lm": PolicyInfo("mlx-lm's BatchGenerator (mlx_lm.server): one step of the generation batch, then up to "
                          "`prompt_concurrency` prompts prefilled together, `prefill_step` tokens each per call",
@@ -49,7 +50,13 @@ OPTION_HELP = {
     "order": "chunk-first (tiny-llm) | decode-first (meTile) (eager, chunked)",
     "kv_limit": "KV-cache limit, tokens (4096, 4096tok) or memory (2GB, 0.5GB, 1GiB; via the model's bytes per KV "
                 "token); a request is admitted when its cache fits, the newest is preempted and recomputed when "
-                "decodes outgrow it (vLLM's default); default: no limit (fifo, eager, chunked; not mlx-lm)",
+                "decodes outgrow it (vLLM's default); default: no limit (fifo, eager, chunked with queue fcfs; "
+                "not mlx-lm)",
+    "queue": "which waiting prompt starts next: fcfs (arrival order) | sjf (shortest prompt first) | priority "
+             "(earliest deadline first: arrival + the request's class TTFT target, --class-slo CLASS:ttft=MS) "
+             "(fifo, eager, chunked; mlx-lm's BatchGenerator is FIFO only)",
+    "aging_s": f"sjf, priority: a request waiting longer than this many seconds is served first, oldest first "
+               f"(default {DEFAULT_AGING_S:g}; no starvation)",
     "prefill_step": "mlx-lm only: prompt tokens per row per call (mlx_lm.server --prefill-step-size, default 2048)",
     "prompt_concurrency": "mlx-lm only: prompts prefilled together (--prompt-concurrency, default 8)",
     "decode_concurrency": "mlx-lm only: requests generating at once; raised to at least prompt_concurrency "
@@ -58,12 +65,12 @@ OPTION_HELP = {
 
 
 def make(policy: str, budget: int | str | None = None, batch_size: int = 4, decode: str = "batched",
-         order: str = "chunk-first", idle_budget: str | None = None, kv_limit=None, *, cost=None,
-         **mlx_lm: int) -> Policy:
+         order: str = "chunk-first", idle_budget: str | None = None, kv_limit=None, queue: str = "fcfs",
+         aging_s: float = DEFAULT_AGING_S, *, cost=None, **mlx_lm: int) -> Policy:
     """Build a policy from a setting dict's fields (policy name, budget, batch size, decode, order,
-    idle budget, KV limit; for mlx-lm, its `MLX_LM_OPTIONS`). `cost`: the cost model of the run (the
-    simulator's, or the profile a confirm runs against), which an `auto:MS` budget prices its
-    chunks with; policies that do not need it ignore it."""
+    idle budget, KV limit, queue order and aging bound; for mlx-lm, its `MLX_LM_OPTIONS`). `cost`:
+    the cost model of the run (the simulator's, or the profile a confirm runs against), which an
+    `auto:MS` budget prices its chunks with; policies that do not need it ignore it."""
     if policy not in POLICIES:
         raise PolicyError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     try:
@@ -76,12 +83,18 @@ def make(policy: str, budget: int | str | None = None, batch_size: int = 4, deco
     unknown = [k for k in mlx_lm if k not in MLX_LM_OPTIONS]
     if unknown:
         raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, idle_budget, "
-                          "kv_limit, "
+                          "kv_limit, queue, aging_s, "
                           + ", ".join(MLX_LM_OPTIONS))
+    if kv_limit is not None and queue != "fcfs":
+        raise PolicyError(f"queue {queue!r} with kv_limit {kv_limit}: not modelled yet (a preempted request re-enters "
+                          "the queue, which only fcfs orders); use queue fcfs with a KV limit")
     if policy == "mlx-lm":
         if is_adaptive(parse_budget(budget), idle_budget):
             raise PolicyError("policy 'mlx-lm' takes no budget auto:MS or idle_budget whole: its prefill step is fixed "
                               "by --prefill-step (mlx_lm.server --prefill-step-size)")
+        if queue != "fcfs":  # BatchGenerator takes waiting prompts in arrival order, and mlx_lm.server has no flag
+            raise PolicyError(f"mlx-lm: queue must be fcfs, got {queue!r} (mlx-lm's BatchGenerator admits waiting "
+                              "prompts in arrival order; sjf and priority run on pdsim's fifo, eager and chunked)")
         return MlxLm(**{k: v for k, v in mlx_lm.items() if v is not None})
     if any(v is not None for v in mlx_lm.values()):
         raise PolicyError(f"policy {policy!r} takes no {', '.join(k for k, v in mlx_lm.items() if v is not None)} "
@@ -89,7 +102,7 @@ def make(policy: str, budget: int | str | None = None, batch_size: int = 4, deco
     if policy == "chunked" and budget is None:
         raise PolicyError("policy 'chunked' needs a budget (--budget N)")
     return POLICIES[policy].build(Options(budget, batch_size, decode, order, check_idle_budget(idle_budget),
-                                          kv_limit), cost)
+                                          kv_limit, queue, aging_s), cost)
 
 
-__all__ = ["MLX_LM_OPTIONS", "OPTION_HELP", "POLICIES", "Options", "Policy", "PolicyError", "PolicyInfo", "make"]
+__all__ = ["DEFAULT_AGING_S", "QUEUES", "MLX_LM_OPTIONS", "OPTION_HELP", "POLICIES", "Options", "Policy", "PolicyError", "PolicyInfo", "make"]

@@ -5,9 +5,11 @@ engine, and a spot check compares like with like.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from policies.queue import DEFAULT_AGING_S, QUEUES, QueueOrder
 from sim.memory import KVLimit
 from sim.state import EngineState
 from sim.work import Decode, Work
@@ -44,6 +46,8 @@ class Options:
     # the KV cache every request's together may hold (None: no limit); the engine state enforces it
     # (`sim.kvlimit`), a policy only asks `state.fits` before it admits a request to prefill
     kv_limit: KVLimit | None = None
+    queue: str = "fcfs"  # which waiting prompt starts next: "fcfs", "sjf", "priority" (`policies.queue`)
+    aging_s: float = DEFAULT_AGING_S  # sjf, priority: a request waiting longer is served first, oldest first
 
     def __post_init__(self) -> None:
         from policies.budget import check_idle_budget, parse_budget
@@ -55,6 +59,15 @@ class Options:
             raise PolicyError(f"decode must be 'batched' or 'single', got {self.decode!r}")
         if self.order not in ("chunk-first", "decode-first"):
             raise PolicyError(f"order must be 'chunk-first' or 'decode-first', got {self.order!r}")
+        if self.queue not in QUEUES:
+            raise PolicyError(f"queue must be one of {', '.join(QUEUES)}, got {self.queue!r}")
+        if isinstance(self.aging_s, bool) or not isinstance(self.aging_s, (int, float)) \
+                or not (math.isfinite(self.aging_s) and self.aging_s > 0):
+            raise PolicyError(f"aging_s must be a finite number of seconds > 0, got {self.aging_s!r}")
+
+    def queue_order(self) -> QueueOrder:
+        """What picks the next prompt in this queue order (`policies.queue`): one per policy object."""
+        return QueueOrder(self.queue, self.aging_s)
 
     @property
     def auto_s(self) -> float | None:

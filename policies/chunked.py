@@ -1,8 +1,9 @@
 """chunked and eager: tiny-llm's Day 2 and Day 1 loops, and meTile's chunked and eager.
 
-Each iteration: the one pending request (the oldest queued) prefills at most `budget` tokens;
-once its prefill is done it takes a free decode slot, and waits for one if the batch is full,
-holding back the next prefill. Then one decode for every request in a slot. `order` puts the
+Each iteration: the one pending request (the oldest queued, or the first in the queue order:
+`policies.queue`) prefills at most `budget` tokens; once its prefill is done it takes a free
+decode slot, and waits for one if the batch is full, holding back the next prefill (so at most
+one prefilled request waits for a slot, and slots are taken in order of prefill completion). Then one decode for every request in a slot. `order` puts the
 decodes before the chunk (meTile) or after it (tiny-llm, where a request that finishes its
 prefill joins the same iteration's decode, and a request that waited for a slot takes it in an
 iteration that only decodes: tiny-llm's `run_batch_requests_serving` takes the next pending
@@ -40,6 +41,7 @@ class Chunked:
         return self.opts.auto_s is None
 
     def __post_init__(self) -> None:
+        self.queue_order = self.opts.queue_order()  # which waiting prompt starts next
         self._target = self.opts.auto_s
         if self._target is not None and self.cost is not None and not getattr(self.cost, "pdsim_forms", True):
             raise PolicyError(f"budget {self.opts.budget}: the profile prices mlx-lm's calls only; an auto budget "
@@ -52,10 +54,9 @@ class Chunked:
         # tiny-llm: a request that waited for a slot takes it in an iteration with no prefill
         taking = o.order == "chunk-first" and any(state.ready[r].generated == 1 and not state.ready[r].req.prefilled
                                                    for r in slots)
-        if state.queued and not blocked and not taking:
-            s = next(iter(state.queued.values()))
-            if state.fits(s.rid):  # a KV limit admits it only when its cache fits
-                return self._iteration(s, self._chunk(state, s, slots), slots)
+        s = self.queue_order.next(state) if state.queued and not blocked and not taking else None
+        if s is not None and state.fits(s.rid):  # a KV limit admits it only when its cache fits
+            return self._iteration(s, self._chunk(state, s, slots), slots)
         return self._iteration(None, 0, slots)
 
     def _iteration(self, s: RequestState | None, n: int, slots: list[str]) -> list[Work]:
@@ -89,4 +90,5 @@ class Chunked:
 
 
 def eager(opts: Options) -> Chunked:
-    return Chunked(Options(None, opts.batch_size, opts.decode, opts.order, kv_limit=opts.kv_limit), "eager")
+    return Chunked(Options(None, opts.batch_size, opts.decode, opts.order, kv_limit=opts.kv_limit, queue=opts.queue,
+                           aging_s=opts.aging_s), "eager")

@@ -1,4 +1,6 @@
-"""fifo: one request at a time, its whole prefill then all its decodes (the meTile FIFO reference)."""
+"""fifo: one request at a time, its whole prefill then all its decodes (the meTile FIFO reference).
+
+The next request to serve is the queue order's (`policies.queue`; arrival order by default)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,10 +17,13 @@ class Fifo:
     name: str = "fifo"
     steady: ClassVar[bool] = True
 
+    def __post_init__(self) -> None:
+        self.queue_order = self.opts.queue_order()  # which waiting prompt starts next
+
     def schedule(self, state: EngineState) -> list[Work]:
         if state.ready:  # the one request in service is decoding
             return self.opts.decodes([next(iter(state.ready))])
-        if state.queued:  # alone, every request fits a KV limit (`sim.state.check_kv_fit`)
-            s = next(iter(state.queued.values()))
+        s = self.queue_order.next(state)  # alone, every request fits a KV limit (`sim.state.check_kv_fit`)
+        if s is not None:
             return [Prefill(s.rid, min(s.prefill_left, self.opts.budget or s.prefill_left))]
         return []

@@ -178,6 +178,56 @@ def tally_of(log: EventLog, slo: Slo | None = None, stall_ms: float = 100.0, kee
     return tally
 
 
+# Per-class figures (`class_metrics`): a section of their own beside the registry's flat metrics,
+# so a sweep's columns stay the same whatever classes a trace holds.
+CLASS_FIGURES = ("requests", "completed", "ttft_target_ms", "mean_ttft_ms", "p50_ttft_ms", "p95_ttft_ms",
+                 "p99_ttft_ms", "max_ttft_ms", "slo_attained")
+CLASS_SHOWN = ("requests", "completed", "ttft_target_ms", "p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
+               "slo_attained")  # `pdsim simulate`'s table
+CLASS_CONFIRMED = ("p50_ttft_ms", "p95_ttft_ms", "p99_ttft_ms", "slo_attained")  # confirm: predicted vs measured
+
+
+def class_metrics(requests, ttft_s, generated) -> dict[str, dict] | None:
+    """TTFT by priority class (`Request.cls`), in ms, by the registry's TTFT conventions (completed
+    requests; linear-interpolation percentiles), and each class's SLO attainment: the share of all
+    its requests that carry a target (`Request.ttft_slo_ms`) whose TTFT met it (an unfinished
+    request misses it). `ttft_target_ms` is the class's target when its requests share one. None for a
+    trace without classes; NaN (null in JSON) where a class has no completed request or no target."""
+    reqs = list(requests)
+    if not any(r.cls is not None for r in reqs):
+        return None
+    ttft, gen = np.asarray(ttft_s, float), np.asarray(generated)
+    out: dict[str, dict] = {}
+    for name in dict.fromkeys(r.cls for r in reqs):
+        idx = [i for i, r in enumerate(reqs) if r.cls == name]
+        done = np.array([gen[i] == reqs[i].output_len and not np.isnan(ttft[i]) for i in idx], bool)
+        ms = ttft[idx][done] * 1e3
+        targets = [reqs[i].ttft_slo_ms for i in idx]
+        have = [t is not None for t in targets]
+        met = sum(d and t is not None and v * 1e3 <= t for d, t, v in zip(done, targets, ttft[idx]))
+        shared = set(targets)
+        out["-" if name is None else name] = {
+            "requests": len(idx), "completed": int(done.sum()),
+            "ttft_target_ms": targets[0] if len(shared) == 1 and targets[0] is not None else math.nan,
+            "mean_ttft_ms": float(ms.mean()) if len(ms) else math.nan,
+            **{f"p{q}_ttft_ms": _pct(ms, q / 100) for q in (50, 95, 99)},
+            "max_ttft_ms": float(ms.max()) if len(ms) else math.nan,
+            "slo_attained": met / sum(have) if any(have) else math.nan}
+    return out
+
+
+def log_class_metrics(trace, log: EventLog) -> dict[str, dict] | None:
+    """`class_metrics` of a run's event log (a request without a class is class `-`)."""
+    if not any(r.cls is not None for r in trace.requests):
+        return None
+    ttft, gen = [], []
+    for r in trace.requests:
+        t = log.tokens.get(r.id, ())
+        gen.append(len(t))
+        ttft.append(t[0] - r.arrival if t and not r.prefilled else math.nan)
+    return class_metrics(trace.requests, ttft, gen)
+
+
 def parse_slo(items: list[str]) -> Slo:
     """`["ttft:2000", "tpot:100"]` -> Slo; InputError naming the bad item."""
     kw = {}

@@ -15,7 +15,7 @@ from typing import Callable
 
 from policies.base import Policy
 from sim.costmodel import CostModel
-from sim.metrics import score
+from sim.metrics import log_class_metrics, score
 from sim.noise import CallNoise
 from sim.replay import simulate
 from traces.trace import Trace
@@ -40,3 +40,22 @@ def predict(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: 
         if vals:
             spread[k] = (min(vals), max(vals))
     return out, spread
+
+
+def predict_classes(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: CallNoise | None = None,
+                    replicas: int = REPLICAS, warmup: Trace | None = None) -> dict[str, dict] | None:
+    """Each priority class's figures (`sim.metrics.class_metrics`) as predicted, by the same
+    replays as `predict`: the median over them of every figure; None for a trace without classes."""
+    if not any(r.cls is not None for r in trace.requests):
+        return None
+    if noise is None or replicas < 1:
+        return log_class_metrics(trace, simulate(trace, policy(), cost, warmup=warmup))
+    runs = [log_class_metrics(trace, simulate(trace, policy(), cost, warmup=warmup, noise=noise.sampler(i)))
+            for i in range(replicas)]
+    out = {}
+    for cls, first in runs[0].items():
+        out[cls] = {}
+        for k in first:
+            vals = [r[cls][k] for r in runs if not math.isnan(r[cls][k])]
+            out[cls][k] = median(vals) if vals else math.nan
+    return out

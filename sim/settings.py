@@ -16,20 +16,23 @@ import policies
 from policies import PolicyError
 from policies.budget import check_idle_budget, is_adaptive, parse_budget
 from policies.mlxlm import DEFAULTS as MLX_LM_SERVER_DEFAULTS
+from policies.queue import DEFAULT_AGING_S
 from sim.errors import InputError
 from sim.memory import parse_kv_limit
 
 DEFAULTS = {"budget": None, "batch_size": 4, "decode": "batched", "order": "chunk-first", "idle_budget": "budget",
-            "kv_limit": None}
+            "kv_limit": None, "queue": "fcfs", "aging_s": DEFAULT_AGING_S}
 # mlx-lm's own options (mlx_lm.server's flags), with the server's defaults; no other policy reads them
 MLX_LM_DEFAULTS = dict(MLX_LM_SERVER_DEFAULTS)
 # the value an option takes in a policy that does not read it
 UNUSED = {"budget": None, "batch_size": 1, "decode": "batched", "order": "chunk-first", "idle_budget": "budget",
+          "queue": "fcfs", "aging_s": DEFAULT_AGING_S,
           **{k: None for k in MLX_LM_DEFAULTS}}  # (a KV limit is never dropped: mlx-lm refuses one)
 # keys a setting's dict holds only when they differ from the default, so the dicts (and confirm
 # manifests, results files) of settings that do not use them are what they were before them
 SPARSE = {"idle_budget": "budget", "kv_limit": None}
 KEYS = ("policy", *DEFAULTS, *MLX_LM_DEFAULTS)
+PDSIM_KEYS = ("budget", "batch_size", "decode", "order")  # in every pdsim setting's dict; the queue's when not fcfs
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,8 @@ class Setting:
     decode: str = "batched"
     order: str = "chunk-first"
     kv_limit: int | str | None = None  # tokens, or an amount of memory ("2GB"): `sim.memory.parse_kv_limit`
+    queue: str = "fcfs"
+    aging_s: float = DEFAULT_AGING_S  # read by sjf and priority only: fcfs takes the default
     prefill_step: int | None = None
     prompt_concurrency: int | None = None
     decode_concurrency: int | None = None
@@ -69,6 +74,16 @@ class Setting:
                 object.__setattr__(self, key, value)
             elif getattr(self, key) is None and key in MLX_LM_DEFAULTS:
                 object.__setattr__(self, key, MLX_LM_DEFAULTS[key])
+        if self.queue is None or (not isinstance(self.queue, str) and self.queue != self.queue):  # a row before queues
+            object.__setattr__(self, "queue", "fcfs")
+        a = self.aging_s  # seconds, a float (60 and 60.0 are one setting); NaN or None from a table row: the default
+        if a is None:
+            object.__setattr__(self, "aging_s", DEFAULT_AGING_S)
+        elif hasattr(a, "item") or (isinstance(a, (int, float)) and not isinstance(a, bool)):
+            a = float(a)
+            object.__setattr__(self, "aging_s", DEFAULT_AGING_S if math.isnan(a) else a)
+        if self.queue == "fcfs":  # no order to age out of: fcfs at any aging bound is one setting
+            object.__setattr__(self, "aging_s", DEFAULT_AGING_S)
         policies.make(**asdict(self))  # one error, naming the bad option, before anything runs
 
     @classmethod
@@ -84,21 +99,27 @@ class Setting:
         return cls(**s)
 
     def to_dict(self) -> dict:
-        """The policy's family of keys: mlx-lm's own three, or pdsim's four and a KV limit if it has
-        one (so a pdsim setting's dict is the same as before mlx-lm was modelled)."""
-        keys = ("policy", *MLX_LM_DEFAULTS) if self.policy == "mlx-lm" else ("policy", *DEFAULTS)
+        """The policy's family of keys: mlx-lm's own three, or pdsim's four, with the queue order and
+        its aging bound only when it is not fcfs, and the idle budget and KV limit only when given
+        (so a setting from before them is the same dict as before: its reports, runs folders and
+        resumes unchanged)."""
+        if self.policy == "mlx-lm":
+            keys = ("policy", *MLX_LM_DEFAULTS)
+        else:
+            keys = ("policy", *PDSIM_KEYS, *(("queue", "aging_s") if self.queue != "fcfs" else ()), *SPARSE)
         return {k: getattr(self, k) for k in keys if k not in SPARSE or getattr(self, k) != SPARSE[k]}
 
     @property
     def label(self) -> str:
         """`chunked/b128/bs4`, `chunked/auto:40/bs4/idle-whole`, `eager/bs4/decode-first`, `fifo/single`,
-        `mlx-lm/s512/p4/d32`: the options the policy reads."""
+        `chunked/b64/bs4/priority`, `fifo/sjf/age60s`, `mlx-lm/s512/p4/d32`: the options the policy
+        reads, those at their defaults left out."""
         budget = [] if self.budget is None else [self.budget] if isinstance(self.budget, str) else [f"b{self.budget}"]
         return "/".join([self.policy, *budget, *self.variant_parts()])
 
     def variant_parts(self) -> list[str]:
-        """The label's parts after the policy and budget: batch size, decode mode, order; for mlx-lm
-        its step, prompt and decode concurrency (mlx_lm.server's three flags)."""
+        """The label's parts after the policy and budget: batch size, decode mode, order, queue order
+        and aging bound; for mlx-lm its step, prompt and decode concurrency (mlx_lm.server's flags)."""
         if self.policy == "mlx-lm":
             return [f"s{self.prefill_step}", f"p{self.prompt_concurrency}", f"d{self.decode_concurrency}"]
         parts = [f"bs{self.batch_size}"] if "batch_size" in policies.POLICIES[self.policy].uses else []
@@ -106,6 +127,10 @@ class Setting:
             parts.append(self.decode)
         if self.order != "chunk-first":
             parts.append(self.order)
+        if self.queue != "fcfs":
+            parts.append(self.queue)
+            if self.aging_s != DEFAULT_AGING_S:
+                parts.append(f"age{self.aging_s:g}s")
         if self.idle_budget != "budget":
             parts.append(f"idle-{self.idle_budget}")
         if self.kv_limit is not None:
@@ -130,15 +155,16 @@ def setting_label(s: "Setting | Mapping") -> str:
 
 def grid_settings(policy_names: Iterable[str], budgets: Iterable[int | None] = (128,),
                   batch_sizes: Iterable[int] = (4,), decodes: Iterable[str] = ("batched",),
-                  orders: Iterable[str] = ("chunk-first",), prefill_steps: Iterable[int | None] = (None,),
+                  orders: Iterable[str] = ("chunk-first",), queues: Iterable[str] = ("fcfs",),
+                  agings: Iterable[float] = (DEFAULT_AGING_S,), prefill_steps: Iterable[int | None] = (None,),
                   prompt_concurrencies: Iterable[int | None] = (None,),
                   decode_concurrencies: Iterable[int | None] = (None,),
                   idle_budgets: Iterable[str] = ("budget",),
                   kv_limits: Iterable[int | str | None] = (None,)) -> list[dict]:
     """Every combination of the options, each distinct setting once (`unique`): mlx-lm's options do
-    not multiply the other policies, nor theirs mlx-lm. An adaptive budget (`auto:MS`, idle_budget
-    whole) in a grid where no policy reads a budget is refused: mlx-lm's step is fixed by its
-    --prefill-step, and fifo and eager prefill whole prompts."""
+    not multiply the other policies, nor theirs mlx-lm; aging bounds do not multiply fcfs. An
+    adaptive budget (`auto:MS`, idle_budget whole) in a grid where no policy reads a budget is
+    refused: mlx-lm's step is fixed by its --prefill-step, and fifo and eager prefill whole prompts."""
     policy_names, budgets, idle_budgets = list(policy_names), list(budgets), list(idle_budgets)
     adaptive = [str(b) for b in budgets if is_adaptive(parse_budget(b), None)] + \
         [f"idle_budget {i}" for i in idle_budgets if is_adaptive(None, i)]
@@ -147,11 +173,12 @@ def grid_settings(policy_names: Iterable[str], budgets: Iterable[int | None] = (
             if "mlx-lm" in policy_names else ""
         raise PolicyError(f"{adaptive[0]}: policy {', '.join(policy_names)} reads no chunk budget{step}; "
                           "budgets apply to chunked")
-    return unique({"policy": p, "budget": b, "batch_size": bs, "decode": d, "order": o, "prefill_step": st,
-                   "prompt_concurrency": pc, "decode_concurrency": dc, "idle_budget": ib, "kv_limit": kv}
-                  for p, b, bs, d, o, st, pc, dc, ib, kv in itertools.product(
-                      policy_names, budgets, batch_sizes, decodes, orders, prefill_steps, prompt_concurrencies,
-                      decode_concurrencies, idle_budgets, kv_limits))
+    return unique({"policy": p, "budget": b, "batch_size": bs, "decode": d, "order": o, "queue": q, "aging_s": a,
+                   "prefill_step": st, "prompt_concurrency": pc, "decode_concurrency": dc, "idle_budget": ib,
+                   "kv_limit": kv}
+                  for p, b, bs, d, o, q, a, st, pc, dc, ib, kv in itertools.product(
+                      policy_names, budgets, batch_sizes, decodes, orders, queues, agings, prefill_steps,
+                      prompt_concurrencies, decode_concurrencies, idle_budgets, kv_limits))
 
 
 def unique(settings: Iterable["Setting | Mapping"]) -> list[dict]:

@@ -135,7 +135,10 @@ class EngineState:
         return reqs[self.arrived].arrival if self.arrived < len(reqs) else None
 
     def admit(self, upto: float) -> int:
-        """Admit every request that has arrived by time `upto`; return how many."""
+        """Admit every request that has arrived by time `upto`; return how many. The clock (`now`)
+        moves to `upto`: a policy deciding after an idle wait sees the time it decides at."""
+        if upto > self.now:
+            self.now = upto
         reqs, n = self.trace.requests, 0
         while self.arrived < len(reqs) and reqs[self.arrived].arrival <= upto:
             r = reqs[self.arrived]

@@ -85,8 +85,8 @@ def scale_rate(trace: Trace, factor: float) -> Trace:
     """The same requests arriving `factor` times as fast (arrival times divided by `factor`)."""
     if factor == 1.0:
         return trace
-    reqs = [Request(r.id, r.arrival / factor, r.prompt_len, r.output_len, r.prompt_ids, r.hash_ids, r.prefilled)
-            for r in trace.requests]
+    reqs = [Request(r.id, r.arrival / factor, r.prompt_len, r.output_len, r.prompt_ids, r.hash_ids, r.prefilled,
+                    r.cls, r.ttft_slo_ms) for r in trace.requests]
     return Trace(reqs, dict(trace.meta, rate_scale=factor * trace.meta.get("rate_scale", 1.0)))
 
 
@@ -132,6 +132,7 @@ def row_of(point: Point, inputs: Inputs, metrics: dict) -> dict:
     """The DataFrame row: where the point is in the grid, then every metric."""
     row = {"trace": point.trace, "rate_scale": point.rate_scale, "label": point.label}
     row.update({k: point.setting.get(k) for k in SETTING_KEYS})
+    row["queue"] = point.setting.get("queue", "fcfs")  # an fcfs setting's dict leaves it out (and its aging bound)
     row["trace_sha256"] = inputs.sha256[point.trace]
     row.update(metrics)
     return row

@@ -34,8 +34,11 @@ from traces.generators import gamma_gaps
 from traces.trace import Request, TraceError, json_objects
 
 # One parsed row: (file line, data-row index, time in seconds from the format's own origin,
-# prompt length, output length, prefix-block hashes or None).
-Record = tuple[int, int, float, int, int, "tuple[int, ...] | None"]
+# prompt length, output length, prefix-block hashes or None, priority class or None, TTFT target
+# in ms or None).
+Record = tuple[int, int, float, int, int, "tuple[int, ...] | None", "str | None", "float | None"]
+# Optional in every format: a request's priority class and its own TTFT target (`queue=priority`)
+CLASS_COLUMN, TARGET_COLUMN = "class", "ttft_slo_ms"
 
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake hash_ids block (the FAST'25 release)
 PROMPT_COLUMNS = ("num_prefill_tokens", "ContextTokens", "prompt_len", "prompt_tokens", "input_length",
@@ -154,13 +157,32 @@ def optional_column(header_names: list[str], name: str) -> int | None:
     return header_names.index(low) if low in header_names else None
 
 
+def class_columns(header_names: list[str]) -> tuple[int | None, int | None]:
+    """Where the optional `class` and `ttft_slo_ms` columns are (None: absent)."""
+    return optional_column(header_names, CLASS_COLUMN), optional_column(header_names, TARGET_COLUMN)
+
+
+def parse_class(row: list[str], cols: tuple[int | None, int | None], r: Reading, line: int
+                ) -> tuple[str | None, float | None]:
+    """A CSV row's class and TTFT target (an empty field: none), through `traces.schema`."""
+    ic, it = cols
+    if max(i for i in (ic, it, -1) if i is not None) >= len(row):
+        raise r.error(line, f"expected a {CLASS_COLUMN}/{TARGET_COLUMN} field, got {len(row)} fields")
+    try:
+        return (None if ic is None else schema.text_class(row[ic]),
+                None if it is None else schema.text_target_ms(row[it], TARGET_COLUMN))
+    except schema.FieldError as e:
+        raise r.error(line, str(e)) from None
+
+
 # ---------------------------------------------------------------------------------------------
 # One reader per format.
 
 def read_azure(f: TextIO, r: Reading) -> Iterator[Record]:
     """Azure LLM inference 2023/2024: `TIMESTAMP,ContextTokens,GeneratedTokens`, ISO date-times."""
     t0: datetime | None = None
-    _names, (it, ip, io), rows = open_csv(f, FORMATS["azure"], r)
+    names, (it, ip, io), rows = open_csv(f, FORMATS["azure"], r)
+    cc = class_columns(names)
     for line, index, row in rows:
         text = row[it]
         try:
@@ -176,7 +198,7 @@ def read_azure(f: TextIO, r: Reading) -> Iterator[Record]:
             raise r.error(line, f"timestamp {text.strip()!r} mixes a UTC offset and none "
                                 f"(the first row is {r.meta['first_timestamp']!r})") from None
         yield (line, index, t, parse_count(row[ip], "ContextTokens", r, line),
-               parse_count(row[io], "GeneratedTokens", r, line), None)
+               parse_count(row[io], "GeneratedTokens", r, line), None, *parse_class(row, cc, r, line))
 
 
 def read_burstgpt(f: TextIO, r: Reading) -> Iterator[Record]:
@@ -190,6 +212,7 @@ def read_burstgpt(f: TextIO, r: Reading) -> Iterator[Record]:
     want_log = _log_key(log_type) if log_type else None
     names, (it, ip, io), rows = open_csv(f, FORMATS["burstgpt"], r)
     im, il = optional_column(names, "Model"), optional_column(names, "Log Type")
+    cc = class_columns(names)
     if model and im is None:
         raise r.error(1, "no 'Model' column to select a model from")
     if log_type and il is None:
@@ -206,7 +229,7 @@ def read_burstgpt(f: TextIO, r: Reading) -> Iterator[Record]:
             r.drop("failed")
             continue
         yield (line, index, parse_seconds(row[it], "Timestamp", r, line),
-               parse_count(row[ip], "Request tokens", r, line), out, None)
+               parse_count(row[ip], "Request tokens", r, line), out, None, *parse_class(row, cc, r, line))
 
 
 def _log_key(text: str) -> str:
@@ -217,11 +240,12 @@ def _log_key(text: str) -> str:
 
 def read_vidur(f: TextIO, r: Reading) -> Iterator[Record]:
     """Vidur / Splitwise processed traces: `arrived_at,num_prefill_tokens,num_decode_tokens`."""
-    _names, (it, ip, io), rows = open_csv(f, FORMATS["vidur"], r)
+    names, (it, ip, io), rows = open_csv(f, FORMATS["vidur"], r)
+    cc = class_columns(names)
     for line, index, row in rows:
         yield (line, index, parse_seconds(row[it], "arrived_at", r, line),
                parse_count(row[ip], "num_prefill_tokens", r, line),
-               parse_count(row[io], "num_decode_tokens", r, line), None)
+               parse_count(row[io], "num_decode_tokens", r, line), None, *parse_class(row, cc, r, line))
 
 
 def read_lengths(f: TextIO, r: Reading) -> Iterator[Record]:
@@ -231,16 +255,18 @@ def read_lengths(f: TextIO, r: Reading) -> Iterator[Record]:
     the same file, process, rate and seed always give the same trace.
     """
     process, rate, burstiness, seed = arrival_options(r.options)
-    lines, prompts, outputs = [], [], []
-    _names, (ip, io), rows = open_csv(f, FORMATS["lengths"], r)
+    lines, prompts, outputs, classes = [], [], [], []
+    names, (ip, io), rows = open_csv(f, FORMATS["lengths"], r)
+    cc = class_columns(names)
     for line, _index, row in rows:
         lines.append(line)
         prompts.append(parse_count(row[ip], "prompt length", r, line))
         outputs.append(parse_count(row[io], "output length", r, line))
+        classes.append(parse_class(row, cc, r, line))
     arrivals = arrival_times(len(lines), rate, burstiness, seed)
     r.meta["arrivals"] = {"process": process, "rate": rate, "burstiness": burstiness, "seed": seed}
     for i, line in enumerate(lines):
-        yield line, i, float(arrivals[i]), prompts[i], outputs[i], None
+        yield line, i, float(arrivals[i]), prompts[i], outputs[i], None, *classes[i]
 
 
 def arrival_options(options: dict) -> tuple[str, float, float, int]:
@@ -280,12 +306,14 @@ def read_mooncake(f: TextIO, r: Reading) -> Iterator[Record]:
             ts, n_in, n_out = obj["timestamp"], obj["input_length"], obj["output_length"]
         except KeyError as e:
             raise r.error(line, f"missing field {e.args[0]!r}") from None
-        hashes = obj.get("hash_ids")
+        hashes, cls, target = obj.get("hash_ids"), obj.get(CLASS_COLUMN), obj.get(TARGET_COLUMN)
         try:
             if hashes is not None:
                 hashes = schema.whole_numbers(hashes, "hash_ids", -(1 << 63))
             record = (line, index, schema.seconds(ts, "timestamp", scale=1e-3), schema.count(n_in, "input_length"),
-                      schema.count(n_out, "output_length"), hashes)
+                      schema.count(n_out, "output_length"), hashes,
+                      None if cls is None else schema.class_name(cls),
+                      None if target is None else schema.target_ms(target, TARGET_COLUMN))
         except schema.FieldError as e:
             raise r.error(line, str(e)) from None
         yield record
@@ -409,7 +437,7 @@ def read(path: str | Path, fmt: str, start: float = 0.0, end: float | None = Non
     rows = 0
     to_end = True
     with open_text(path, "trace", TraceError, newline="") as f:
-        for line, index, t, p, o, hashes in _guarded(spec.reader(f, r), r):
+        for line, index, t, p, o, hashes, cls, target in _guarded(spec.reader(f, r), r):
             rows += 1
             if t0 is None:
                 t0 = t
@@ -426,7 +454,7 @@ def read(path: str | Path, fmt: str, start: float = 0.0, end: float | None = Non
                 p, zero_prompt = 1, zero_prompt + 1
             if o == 0:
                 o, zero_output = 1, zero_output + 1
-            reqs.append(Request(str(index), a, p, o, hash_ids=hashes))
+            reqs.append(Request(str(index), a, p, o, hash_ids=hashes, cls=cls, ttft_slo_ms=target))
             if limit is not None and len(reqs) >= limit:
                 to_end = False
                 break

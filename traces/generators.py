@@ -109,6 +109,43 @@ def gamma(num_requests: int = 100, rate: float = 1.0, burstiness: float = 1.0, m
     return Trace(reqs, meta)
 
 
+def bursty_classes(num_requests: int = 16, rate: float = 0.5, burstiness: float = 0.25, min_in: int = 16,
+                   max_in: int = 256, min_out: int = 4, max_out: int = 16, tight_share: float = 0.5,
+                   tight_max_in: int | None = None, seed: int = 0) -> Trace:
+    """Two priority classes on bursty arrivals, for comparing queue orders (`queue=priority`).
+
+    Gamma arrivals as `gamma` (default burstiness 1/4: CV^2 of the gaps 4, requests come in
+    bursts); each request is of class `tight` with probability `tight_share` (short prompts,
+    uniform in [min_in, tight_max_in]) or else `bulk` (long prompts, uniform in [tight_max_in,
+    max_in]); outputs uniform in [min_out, max_out] for both. `tight_max_in` defaults to an eighth
+    of the way from min_in to max_in. No class carries a TTFT target: give them with
+    `--class-slo tight:ttft=MS` (a class without one has no deadline)."""
+    if not (math.isfinite(tight_share) and 0 < tight_share < 1):
+        raise TraceError(f"bursty-classes trace: tight share must be a fraction in (0, 1), got {tight_share}")
+    if not (math.isfinite(rate) and rate > 0):
+        raise TraceError(f"bursty-classes trace: rate must be a finite number > 0 requests/s, got {rate}")
+    if not (math.isfinite(burstiness) and burstiness > 0):
+        raise TraceError(f"bursty-classes trace: burstiness must be a finite number > 0, got {burstiness}")
+    _check_count("bursty-classes trace", num_requests, MAX_REQUESTS)
+    _check_range("prompt length", min_in, max_in)
+    _check_range("output length", min_out, max_out)
+    cut = min_in + (max_in - min_in) // 8 if tight_max_in is None else tight_max_in
+    if not min_in <= cut <= max_in:
+        raise TraceError(f"bursty-classes trace: tight prompts' maximum {cut} must lie in the prompt range "
+                         f"{min_in}..{max_in}")
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(gamma_gaps(rng, num_requests, rate, burstiness))
+    tight = rng.random(num_requests) < tight_share
+    p = np.where(tight, rng.integers(min_in, cut + 1, size=num_requests), rng.integers(cut, max_in + 1, size=num_requests))
+    o = rng.integers(min_out, max_out + 1, size=num_requests)
+    reqs = [Request(str(i), float(arrivals[i]), int(p[i]), int(o[i]), cls="tight" if tight[i] else "bulk")
+            for i in range(num_requests)]
+    meta = {"source": "bursty-classes", "num_requests": num_requests, "rate": rate, "burstiness": burstiness,
+            "min_in": min_in, "max_in": max_in, "min_out": min_out, "max_out": max_out, "tight_share": tight_share,
+            "tight_max_in": cut, "seed": seed}
+    return Trace(reqs, meta)
+
+
 def _check_range(what: str, lo: int, hi: int) -> None:
     if lo < 1 or hi < lo:
         raise TraceError(f"{what} range {lo}..{hi} is empty or below 1")
@@ -121,4 +158,5 @@ def _check_count(what: str, n: int, most: int) -> None:
         raise TraceError(f"{what}: the number of requests must be 1 to {most:,}, got {n}")
 
 
-GENERATORS = {"tinyllm": tinyllm, "poisson": poisson, "gamma": gamma, "metile": metile_ab}
+GENERATORS = {"tinyllm": tinyllm, "poisson": poisson, "gamma": gamma, "metile": metile_ab,
+              "bursty-classes": bursty_classes}

@@ -102,6 +102,49 @@ def request_id(value) -> str:
     return text
 
 
+MAX_CLASS_CHARS = 64
+CLASS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def class_name(value) -> str:
+    """A priority class: 1 to 64 letters, digits, `_`, `-` or `.` (it appears in labels, tables and
+    `--class-slo CLASS:ttft=MS`, so no separators, spaces or control characters)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise FieldError(f"class must be a name (letters, digits, _ - .), got {_show(value)}")
+    text = str(value)
+    if not 1 <= len(text) <= MAX_CLASS_CHARS or not set(text) <= CLASS_CHARS:
+        raise FieldError(f"class {text[:40]!r} must be 1 to {MAX_CLASS_CHARS} letters, digits, _ - or .")
+    return text
+
+
+def text_class(text: str) -> str | None:
+    """A class written as text (a CSV field); an empty field is no class."""
+    text = text.strip()
+    return class_name(text) if text else None
+
+
+def target_ms(value, what: str) -> float:
+    """A JSON latency target: a finite number of milliseconds > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FieldError(f"{what} must be a number of milliseconds, got {_show(value)}")
+    v = float(value)
+    if not (math.isfinite(v) and v > 0):
+        raise FieldError(f"{what} must be a finite number of milliseconds > 0, got {_show(value)}")
+    return v
+
+
+def text_target_ms(text: str, what: str) -> float | None:
+    """A latency target written as text (a CSV field); an empty field is no target."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise FieldError(f"{what} {text[:40]!r} is not a number of milliseconds") from None
+    return target_ms(v, what)
+
+
 def whole_numbers(value, what: str, lo: int = 0, hi: int = (1 << 63) - 1) -> tuple[int, ...]:
     """A list of whole numbers in [lo, hi] (prompt token ids, prefix-block hashes)."""
     if not isinstance(value, list):

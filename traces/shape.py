@@ -174,7 +174,8 @@ def _rebase(kept: list[Request]) -> tuple[list[Request], float]:
 def _with(r: Request, **changes) -> Request:
     """A copy of `r` with some fields changed (the direct call is several times faster than replace)."""
     d = {"id": r.id, "arrival": r.arrival, "prompt_len": r.prompt_len, "output_len": r.output_len,
-         "prompt_ids": r.prompt_ids, "hash_ids": r.hash_ids, "prefilled": r.prefilled}
+         "prompt_ids": r.prompt_ids, "hash_ids": r.hash_ids, "prefilled": r.prefilled, "cls": r.cls,
+         "ttft_slo_ms": r.ttft_slo_ms}
     d.update(changes)
     return Request(**d)
 

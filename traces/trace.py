@@ -33,6 +33,12 @@ class Request:
     # Prefill done and first token out before the clock starts (the meTile A/B setup: A is already
     # decoding when B arrives). Its prefill and first token are not timed; its first gap is.
     prefilled: bool = False
+    # Priority classes (`queue=priority`): the request's class, and its own TTFT target in ms (a
+    # class's target, `--class-slo CLASS:ttft=MS`, given to each of its requests). Its deadline is
+    # arrival + target; a request with no target has none. Both are kept out of the dict (and the
+    # hash) when absent, so a trace without classes hashes as before.
+    cls: str | None = None
+    ttft_slo_ms: float | None = None
 
     def to_dict(self) -> dict:
         d = {"id": self.id, "arrival": self.arrival, "prompt_len": self.prompt_len,
@@ -43,6 +49,10 @@ class Request:
             d["hash_ids"] = list(self.hash_ids)
         if self.prefilled:
             d["prefilled"] = True
+        if self.cls is not None:
+            d["class"] = self.cls
+        if self.ttft_slo_ms is not None:
+            d["ttft_slo_ms"] = self.ttft_slo_ms
         return d
 
 
@@ -58,6 +68,8 @@ def check_request(r: Request, where: str) -> None:
         raise TraceError(f"{where}: a prefilled request needs an output length >= 2")
     if r.prompt_ids is not None and len(r.prompt_ids) != r.prompt_len:
         raise TraceError(f"{where}: {len(r.prompt_ids)} prompt ids for prompt length {r.prompt_len}")
+    if r.ttft_slo_ms is not None and not (math.isfinite(r.ttft_slo_ms) and r.ttft_slo_ms > 0):
+        raise TraceError(f"{where}: ttft_slo_ms must be a finite number of milliseconds > 0, got {r.ttft_slo_ms}")
 
 
 @dataclass
@@ -123,7 +135,10 @@ def request_from_dict(row: dict, where: str) -> Request:
                     output_len=schema.count(row["output_len"], "output_len"),
                     prompt_ids=None if ids is None else schema.whole_numbers(ids, "prompt_ids", 0, (1 << 31) - 1),
                     hash_ids=None if hashes is None else schema.whole_numbers(hashes, "hash_ids", -(1 << 63)),
-                    prefilled=schema.flag(row.get("prefilled", False), "prefilled"))
+                    prefilled=schema.flag(row.get("prefilled", False), "prefilled"),
+                    cls=None if row.get("class") is None else schema.class_name(row["class"]),
+                    ttft_slo_ms=None if row.get("ttft_slo_ms") is None else schema.target_ms(row["ttft_slo_ms"],
+                                                                                              "ttft_slo_ms"))
     except schema.FieldError as e:
         raise TraceError(f"{where}: {e}") from None
     check_request(r, where)

@@ -15,6 +15,7 @@ from sim.memory import parse_kv_limit
 from sim.metrics import Slo, parse_slo
 from sim.settings import MLX_LM_DEFAULTS, grid_settings, unique
 from traces.generators import BURSTINESS_HELP, GENERATORS, MAX_REQUESTS, MAX_WITH_IDS
+from traces.classes import parse_class_slo, with_class_targets
 from traces.load import accepted_options, resolve
 from traces.schema import MAX_TOKENS
 from traces.trace import Trace
@@ -117,11 +118,25 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-out", type=tokens)
     g.add_argument("--prompt-len", type=tokens, help="metile: prompt tokens of A and B")
     g.add_argument("--output-len", type=tokens, help="metile: outputs of A and B")
+    g.add_argument("--tight-share", type=_share, metavar="F",
+                   help="bursty-classes: the share of requests in class tight (default 0.5)")
+    g.add_argument("--tight-max-in", type=tokens, metavar="N",
+                   help="bursty-classes: tight prompts' longest length (bulk prompts are longer)")
     g.add_argument("--seed", type=seed_int, help="generator seed (default 0)")
+    g.add_argument("--class-slo", nargs="+", default=[], metavar="CLASS:ttft=MS",
+                   help="a TTFT target for every request of a class (the trace's `class` column), e.g. "
+                        "tight:ttft=500; `--queue priority` serves the earliest deadline (arrival + target) first")
     f = p.add_argument_group("trace file (any supported format; see `pdsim traces info --help`)")
     f.add_argument("--format", metavar="NAME", help="the file's format, if not detected from its header")
     f.add_argument("--arrivals", choices=["poisson", "gamma"], help="length-only CSVs: arrival process")
     add_shaping_args(p)
+
+
+def _share(text: str) -> float:
+    v = positive_float(text)
+    if not v < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction below 1, got {text}")
+    return v
 
 
 def add_shaping_args(p: argparse.ArgumentParser) -> None:
@@ -154,7 +169,7 @@ def shaping_from_args(args: argparse.Namespace):
 # the trace options of `add_trace_args` (and `traces info`'s reading options), by the name the
 # trace loaders give them (`traces.load.accepted_options`)
 TRACE_OPTIONS = ("num_seqs", "num_requests", "rate", "burstiness", "min_in", "max_in", "min_out", "max_out",
-                 "prompt_len", "output_len", "seed", "arrivals")
+                 "prompt_len", "output_len", "tight_share", "tight_max_in", "seed", "arrivals")
 READING_OPTIONS = {"burstgpt_model": "model", "burstgpt_log": "log_type"}
 FLAGS = {"model": "--burstgpt-model", "log_type": "--burstgpt-log"}
 
@@ -191,7 +206,7 @@ def traces_from_args(args: argparse.Namespace, specs: list[str] | None = None) -
         if name in out:
             name = f"{name}-{len(out)}"
         out[name] = resolve(spec, fmt=fmt, shaping=shaping, **{k: v for k, v in given.items() if k in takes[spec]})
-    return out
+    return with_class_targets(out, parse_class_slo(getattr(args, "class_slo", None) or []))
 
 
 def trace_from_args(args: argparse.Namespace) -> Trace:
@@ -219,15 +234,21 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
                    default=["chunk-first"] if many else "chunk-first")
     g.add_argument("--kv-limit", nargs=n, type=kv_limit_arg, default=[None] if many else None,
                    metavar="TOKENS|GB", help=policies.OPTION_HELP["kv_limit"])
+    g.add_argument("--queue", nargs=n, choices=list(policies.QUEUES), default=["fcfs"] if many else "fcfs",
+                   help=policies.OPTION_HELP["queue"] + " (default fcfs)")
+    g.add_argument("--aging-s", nargs=n, type=positive_float, metavar="S",
+                   default=[policies.DEFAULT_AGING_S] if many else policies.DEFAULT_AGING_S,
+                   help=policies.OPTION_HELP["aging_s"])
     for key, default in MLX_LM_DEFAULTS.items():  # mlx_lm.server's flags, for the mlx-lm policy
         g.add_argument("--" + key.replace("_", "-"), nargs=n, type=positive_int, default=[default] if many else default,
                        help=policies.OPTION_HELP[key])
     if many:
         g.add_argument("--setting", nargs="+", metavar="POLICY[:KEY=VALUE,...]",
                        help="explicit settings instead of a grid, e.g. eager "
-                            "chunked:budget=128,order=decode-first chunked:budget=auto:40,idle_budget=whole "
+                            "chunked:budget=128,order=decode-first,queue=priority chunked:budget=auto:40,idle_budget=whole "
                             "chunked:budget=64,kv_limit=2GB mlx-lm:prefill_step=512 (keys: budget, batch_size, decode, "
-                            "order, idle_budget, kv_limit; mlx-lm: prefill_step, prompt_concurrency, decode_concurrency; "
+                            "order, queue, aging_s, idle_budget, kv_limit; mlx-lm: prefill_step, prompt_concurrency, "
+                            "decode_concurrency; "
                             "unset keys take the first value of the grid options)")
 
 
@@ -241,7 +262,8 @@ def kv_limit_arg(text: str) -> int | str | None:
 
 
 # the grid's options, in `sim.settings.grid_settings`' order
-GRID_KEYS = ("budget", "batch_size", "decode", "order", *MLX_LM_DEFAULTS, "idle_budget", "kv_limit")
+GRID_KEYS = ("budget", "batch_size", "decode", "order", "queue", "aging_s", *MLX_LM_DEFAULTS, "idle_budget",
+             "kv_limit")  # in `sim.settings.grid_settings`'s order
 
 
 def settings_from_args(args: argparse.Namespace) -> list[dict]:
@@ -253,6 +275,9 @@ def settings_from_args(args: argparse.Namespace) -> list[dict]:
     if getattr(args, "setting", None):
         first = {k: as_list(getattr(args, k))[0] for k in GRID_KEYS}
         return unique(parse_setting(text, first) for text in args.setting)
+    queues = [q for q in as_list(getattr(args, "queue", "fcfs")) if q != "fcfs"]
+    if queues and set(as_list(args.policy)) == {"mlx-lm"}:  # nothing else in the grid would read it
+        policies.make("mlx-lm", queue=queues[0])  # refused: BatchGenerator is FIFO
     return grid_settings(*(as_list(getattr(args, k)) for k in ("policy", *GRID_KEYS)))
 
 
@@ -286,8 +311,15 @@ def parse_setting(text: str, defaults: dict) -> dict:
                 s[key] = kv_limit_arg(val)
             except argparse.ArgumentTypeError as e:
                 raise InputError(f"--setting {text!r}: kv_limit {val!r}: {e}") from None
+        elif key == "aging_s":
+            try:
+                s[key] = positive_float(val)
+            except argparse.ArgumentTypeError as e:
+                raise InputError(f"--setting {text!r}: aging_s {e}") from None
         else:
             s[key] = val
+        if key == "queue" and name == "mlx-lm" and val != "fcfs":
+            policies.make("mlx-lm", queue=val)  # refused, in one line: BatchGenerator is FIFO
     return s
 
 

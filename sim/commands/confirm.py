@@ -87,6 +87,12 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                   + " ".join(f"r{rep} {v:.2f}" for rep, v in speeds.items())
                   + (f"; {spread:.0%} apart: the machine changed speed between runs, and every measured figure "
                      "moved with it" if spread > SPEED_SPREAD else ""))
+        if res.get("classes"):  # a trace with priority classes: TTFT by class
+            print(table([{"class": c, "metric": k, "predicted": v["predicted"][k], "measured": m["median"],
+                          "range": f"{fmt(m['min'])}..{fmt(m['max'])}", "error": _signed(v["rel_error"][k])}
+                         for c, v in res["classes"].items() for k, m in v["measured"].items()],
+                        ["class", "metric", "predicted", "measured", "range", "error"],
+                        ["class", "metric", "predicted", "measured (median)", "min..max", "rel. error"]))
         if res.get("calls_by_kind"):  # reports written before the per-call table have none
             print(table([dict(c, range=f"{fmt(c['ratio_p10'])}..{fmt(c['ratio_p90'])}")
                          for c in res["calls_by_kind"]],
@@ -98,3 +104,8 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
         print(f"largest |relative error| {worst:.1%} exceeds --tolerance {tolerance:.1%}")
         return 1
     return 0
+
+
+def _signed(err: float | None) -> str:
+    """A relative error as a signed percentage; `-` where it is undefined (measured 0, predicted not)."""
+    return "-" if err is None else f"{err:+.1%}"

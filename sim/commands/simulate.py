@@ -16,6 +16,7 @@ from sim.commands.common import (add_policy_args, add_profile_args, add_slo_args
                                  trace_from_args)
 from sim.files import atomic_write_json, check_output
 from sim.metric_registry import METRICS, SUMMARY
+from sim.metrics import CLASS_SHOWN, class_metrics
 from sim.scored_log import simulate_scored
 from sim.settings import setting_label
 from sim.table import table
@@ -56,9 +57,14 @@ def run(args: argparse.Namespace) -> int:
     if args.log_out:
         from sim.logfile import LogWriter
         writer = LogWriter(args.log_out, RequestTable.of(trace.requests), args.overwrite)
+    has_classes = any(r.cls is not None for r in trace.requests)
+    if setting.get("queue") == "priority" and not any(r.ttft_slo_ms is not None for r in trace.requests):
+        print("note: queue priority with no TTFT target in the trace (--class-slo CLASS:ttft=MS): "
+              "no request has a deadline, so the order is arrival order")
     try:
         tally = simulate_scored(trace, policies.make(**setting, cost=cost), cost, slo, args.stall_ms,
-                                keep_rows=len(trace) <= SHOWN_REQUESTS or writer is not None, writer=writer)
+                                keep_rows=len(trace) <= SHOWN_REQUESTS or writer is not None or has_classes,
+                                writer=writer)
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -75,8 +81,13 @@ def run(args: argparse.Namespace) -> int:
         print(table(request_view(trace, tally), ["id", "arrival", "prompt_len", "output_len", "ttft", "gap_p95",
                                                  "gap_max", "e2el"],
                     ["request", "arrival s", "prompt", "output", "ttft ms", "gap p95 ms", "gap max ms", "e2e ms"]))
+    by_class = class_metrics(trace.requests, tally.rows.ttft, tally.rows.generated) if has_classes else None
+    if by_class:
+        print()
+        print(class_table(by_class))
     doc = {"setting": setting, "trace": {"meta": trace.meta, "sha256": sha}, "profile": prof.get("_path"),
-           "metrics": m, "estimated": estimated, "log_file": str(args.log_out) if args.log_out else None}
+           "metrics": m, "estimated": estimated, "log_file": str(args.log_out) if args.log_out else None,
+           **({"classes": by_class} if by_class else {})}
     if writer is not None:
         writer.close(doc, tally.rows)
         print(f"wrote {args.log_out} (event log: {writer.calls:,} calls)")
@@ -84,6 +95,13 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_json(args.json_out, doc, overwrite=args.overwrite)
         print(f"wrote {args.json_out}")
     return 0
+
+
+def class_table(by_class: dict) -> str:
+    """The per-class TTFT figures (`sim.metrics.class_metrics`), one row per class."""
+    undefined = lambda v: isinstance(v, float) and math.isnan(v)
+    return table([{"class": c, **{k: None if undefined(v[k]) else v[k] for k in CLASS_SHOWN}}
+                  for c, v in by_class.items()], ["class", *CLASS_SHOWN])
 
 
 def raise_same(path: str) -> None:

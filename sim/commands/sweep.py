@@ -15,15 +15,15 @@ from sim.sweep_results import (RESULT_NAMES, SweepPlan, SweepResult, log_points,
                                write_results)
 from sim.table import fmt, table
 
-GRID_OPTIONS = ("--trace", "--policy", "--budget", "--batch-size", "--decode", "--order", "--prefill-step",
-                "--prompt-concurrency", "--decode-concurrency", "--idle-budget", "--kv-limit")
+GRID_OPTIONS = ("--trace", "--policy", "--budget", "--batch-size", "--decode", "--order", "--queue", "--aging-s",
+                "--prefill-step", "--prompt-concurrency", "--decode-concurrency", "--idle-budget", "--kv-limit")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "sweep", help="replay traces under a grid of settings in parallel; pick the best under SLOs",
         description="Simulate every combination of the given traces, arrival-rate scales, policies, budgets, "
-                    "batch sizes, decode modes and orders (in local processes, or on a Dask cluster), write "
+                    "batch sizes, decode modes, orders and queue orders (in local processes, or on a Dask cluster), write "
                     "one row of metrics per run, and pick the setting that best meets the SLO constraints.")
     add_trace_args(p)
     add_policy_args(p, many=True)
@@ -94,7 +94,8 @@ def _run(args: argparse.Namespace, settings: list[dict], folder: OutputFolder | 
     plan = SweepPlan(traces, settings, prof, args.rate_scale, args.slo, args.objective, args.latency,
                      args.stall_ms, args.top)
     grid_options = {"policy": args.policy, "budget": args.budget, "batch_size": args.batch_size,
-                    "decode": args.decode, "order": args.order, "prefill_step": args.prefill_step,
+                    "decode": args.decode, "order": args.order, "queue": args.queue, "aging_s": args.aging_s,
+                    "prefill_step": args.prefill_step,
                     "prompt_concurrency": args.prompt_concurrency, "decode_concurrency": args.decode_concurrency,
                     "idle_budget": args.idle_budget, "kv_limit": args.kv_limit,
                     "setting": getattr(args, "setting", None)}

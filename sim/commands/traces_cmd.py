@@ -8,6 +8,7 @@ from sim.commands.common import (add_shaping_args, add_trace_args, positive_floa
                                  trace_from_args, traces_from_args)
 from sim.files import check_output, dumps
 from sim.table import table
+from traces.classes import classes
 from traces.formats import FORMATS, format_name
 from traces.generators import BURSTINESS_HELP, GENERATORS
 from traces.stats import describe
@@ -54,6 +55,8 @@ def add_file_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--seed", type=seed_int, help="seed for drawn arrivals and for --sample (default 0)")
     r.add_argument("--burstgpt-model", metavar="NAME", help="BurstGPT: keep only this model (e.g. ChatGPT, GPT-4)")
     r.add_argument("--burstgpt-log", metavar="TYPE", help="BurstGPT: keep only this log type (conversation, api)")
+    r.add_argument("--class-slo", nargs="+", default=[], metavar="CLASS:ttft=MS",
+                   help="a TTFT target for every request of a class (the file's `class` column), e.g. tight:ttft=500")
     add_shaping_args(p)
 
 
@@ -111,6 +114,13 @@ def info_text(trace: Trace, stats) -> str:
               "below 1 burstier)",
               f"gaps         p50 {stats.gap_p50_s:.4g} s, p99 {stats.gap_p99_s:.4g} s, max {stats.gap_max_s:.4g} s",
               ""]
+    for cls in classes(trace):
+        reqs = [r for r in trace.requests if r.cls == cls]
+        targets = sorted({r.ttft_slo_ms for r in reqs if r.ttft_slo_ms is not None})
+        lines.append(f"class {cls}: {len(reqs):,} requests, prompts mean {sum(r.prompt_len for r in reqs) / len(reqs):,.0f}"
+                     f", TTFT target {', '.join(f'{t:g}' for t in targets) + ' ms' if targets else 'none'}")
+    if classes(trace):
+        lines.append("")
     rows = [{"tokens": name, **vars(getattr(stats, name))} for name in ("prompt", "output")]
     lines.append(table(rows, ["tokens", "min", "mean", "p50", "p90", "p99", "max", "total"]))
     return "\n".join(lines)
