@@ -5,25 +5,12 @@ import os
 
 import pytest
 
+from cli_checks import refused
 from sim.cli import main
 from sim.costmodel import BUILTIN
 
 PROFILE = json.loads(BUILTIN.read_text()) if hasattr(BUILTIN, "read_text") else json.load(open(BUILTIN))
 ROW = {"id": "a", "arrival": 0, "prompt_len": 5, "output_len": 3}
-
-
-def refused(args: list[str], capsys, *needles: str) -> str:
-    """Run `pdsim args`; it must exit 2 with one line holding every needle."""
-    try:
-        code = main(args)
-    except SystemExit as e:  # a usage error, from argparse
-        code = e.code
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    for n in needles:
-        assert n in err, err
-    return err
 
 
 def jsonl(tmp_path, text: str, name: str = "t.jsonl"):

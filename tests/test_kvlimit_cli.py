@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import policies
+from cli_checks import refused
 from sim.cli import main
 from sim.costmodel import BUILTIN
 from sim.memory import KVLimit, kv_bytes_per_token, parse_kv_limit, profile_kv_bytes
@@ -14,19 +15,6 @@ from sim.settings import Setting, grid_settings, unique
 
 PROFILE = json.loads(BUILTIN.read_text())
 QWEN3_06B = dict(num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_size=1024)
-
-
-def refused(args: list[str], capsys, *needles: str) -> str:
-    try:
-        code = main(args)
-    except SystemExit as e:
-        code = e.code
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    for n in needles:
-        assert n in err, err
-    return err
 
 
 @pytest.mark.parametrize("text, limit", [
