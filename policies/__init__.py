@@ -82,8 +82,8 @@ def make(policy: str, budget: int | str | None = None, batch_size: int = 4, deco
                           "BatchGenerator has no KV-cache limit, admission or preemption (pdsim models it as it is)")
     unknown = [k for k in mlx_lm if k not in MLX_LM_OPTIONS]
     if unknown:
-        raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, idle_budget, "
-                          "kv_limit, queue, aging_s, "
+        raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, "
+                          "idle_budget, kv_limit, queue, aging_s, "
                           + ", ".join(MLX_LM_OPTIONS))
     if kv_limit is not None and queue != "fcfs":
         raise PolicyError(f"queue {queue!r} with kv_limit {kv_limit}: not modelled yet (a preempted request re-enters "
@@ -105,4 +105,5 @@ def make(policy: str, budget: int | str | None = None, batch_size: int = 4, deco
                                           kv_limit, queue, aging_s), cost)
 
 
-__all__ = ["DEFAULT_AGING_S", "QUEUES", "MLX_LM_OPTIONS", "OPTION_HELP", "POLICIES", "Options", "Policy", "PolicyError", "PolicyInfo", "make"]
+__all__ = ["DEFAULT_AGING_S", "MLX_LM_OPTIONS", "OPTION_HELP", "POLICIES", "QUEUES", "Options", "Policy", "PolicyError",
+           "PolicyInfo", "make"]

@@ -22,8 +22,8 @@ import math
 from policies.base import PolicyError
 
 AUTO = "auto:"
-IDLE_BUDGETS = ("budget", "whole")
-MAX_TOKENS = 1 << 53  # a larger budget can only be a typo (the CLI's largest count)  # idle_budget's values; "budget" is the default
+IDLE_BUDGETS = ("budget", "whole")  # idle_budget's values; "budget" is the default
+MAX_TOKENS = 1 << 53  # a larger budget can only be a typo (the CLI's largest count)
 
 
 def parse_budget(value) -> int | str | None:
