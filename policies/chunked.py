@@ -6,8 +6,9 @@ decode slot, and waits for one if the batch is full, holding back the next prefi
 one prefilled request waits for a slot, and slots are taken in order of prefill completion).
 Then one decode for every request in a slot. `order` puts the decodes before the chunk (meTile)
 or after it (tiny-llm, where a request that finishes its prefill joins the same iteration's
-decode, and a request that waited for a slot takes it in an iteration that only decodes: tiny-llm's `run_batch_requests_serving` takes the next pending
-request only in the iteration after). eager is chunked with no budget: a whole prompt in one call.
+decode, and a request that waited for a slot takes it in an iteration that only decodes:
+tiny-llm's `run_batch_requests_serving` takes the next pending request only in the iteration
+after). eager is chunked with no budget: a whole prompt in one call.
 
 The budget may adapt (`policies.budget`): `auto:MS` prices each candidate chunk with the cost
 model the policy was built with (`cost`, handed in by whoever runs it: the simulator's, or on
