@@ -34,7 +34,7 @@ from sim.kvlimit import check_kv_limits
 from sim.metric_registry import CONFIRMED, CONFIRMED_KV
 from sim.metrics import CLASS_CONFIRMED, log_class_metrics, score
 from sim.noise import CallNoise
-from sim.predict import REPLICAS, predict, predict_classes
+from sim.predict import REPLICAS, classes_of, metrics_of, replays
 from sim.residuals import call_ratios, residual_table
 from sim.state import EngineError
 from sim.settings import setting, setting_label
@@ -159,7 +159,8 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         label = setting_label(s)
         # the worker served a warm-up first, in the same process: predict that process
         warm, policy = warmup_trace(trace), partial(policies.make, **s, cost=cost)  # a fresh policy per replay
-        predicted, spread = predict(trace, policy, cost, noise, replicas, warm, stall_ms)
+        predictions, noisy = replays(trace, policy, cost, noise, replicas, warm)  # made once, read twice
+        predicted, spread = metrics_of(predictions, noisy, stall_ms)
         mine = [r for r in runs if r["label"] == label]
         logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes) for r in mine]
         for r, log in zip(mine, logs):
@@ -179,7 +180,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
                         "run_speed": [{"repeat": r["repeat"], "pred_over_meas": run_speed(log, cost)}
                                       for r, log in zip(mine, logs)],
                         "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False),
-                        **compare_classes(trace, predict_classes(trace, policy, cost, noise, replicas, warm), logs)})
+                        **compare_classes(trace, classes_of(trace, predictions), logs)})
     return results
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 from statistics import median
-
 from typing import Callable
 
 from policies.base import Policy
 from sim.costmodel import CostModel
+from sim.log import EventLog
 from sim.metrics import log_class_metrics, score
 from sim.noise import CallNoise
 from sim.replay import simulate
@@ -23,16 +23,30 @@ from traces.trace import Trace
 REPLICAS = 15
 
 
+def replays(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: CallNoise | None = None,
+            replicas: int = REPLICAS, warmup: Trace | None = None) -> tuple[list[EventLog], bool]:
+    """The replays a prediction is made of, and whether they are noisy: `replicas` of them with
+    the call noise (replica i seeded i), or one at typical call times. `policy` makes a fresh
+    policy for each replay (a policy may keep a run's queue)."""
+    if noise is None or replicas < 1:
+        return [simulate(trace, policy(), cost, warmup=warmup)], False
+    return [simulate(trace, policy(), cost, warmup=warmup, noise=noise.sampler(i)) for i in range(replicas)], True
+
+
 def predict(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: CallNoise | None = None,
             replicas: int = REPLICAS, warmup: Trace | None = None,
             stall_ms: float = 100.0) -> tuple[dict, dict[str, tuple[float, float]]]:
-    """Every metric of the run as predicted (NaN where no replay has one), and each metric's
-    range (min, max) over the replays ({} for the one replay at typical times). `policy` makes
-    a fresh policy for each replay (a policy may keep a run's queue)."""
-    if noise is None or replicas < 1:
-        return score(simulate(trace, policy(), cost, warmup=warmup), stall_ms=stall_ms), {}
-    runs = [score(simulate(trace, policy(), cost, warmup=warmup, noise=noise.sampler(i)), stall_ms=stall_ms)
-            for i in range(replicas)]
+    """Every metric of the run as predicted (`replays`, then `metrics_of`)."""
+    return metrics_of(*replays(trace, policy, cost, noise, replicas, warmup), stall_ms=stall_ms)
+
+
+def metrics_of(logs: list[EventLog], noisy: bool,
+               stall_ms: float = 100.0) -> tuple[dict, dict[str, tuple[float, float]]]:
+    """Every metric as predicted by these replays (NaN where no replay has one), and each metric's
+    range (min, max) over them ({} for the one replay at typical times)."""
+    if not noisy:
+        return score(logs[0], stall_ms=stall_ms), {}
+    runs = [score(log, stall_ms=stall_ms) for log in logs]
     out, spread = {}, {}
     for k in runs[0]:
         vals = [r[k] for r in runs if isinstance(r[k], (int, float)) and not math.isnan(r[k])]
@@ -44,14 +58,19 @@ def predict(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: 
 
 def predict_classes(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: CallNoise | None = None,
                     replicas: int = REPLICAS, warmup: Trace | None = None) -> dict[str, dict] | None:
-    """Each priority class's figures (`sim.metrics.class_metrics`) as predicted, by the same
-    replays as `predict`: the median over them of every figure; None for a trace without classes."""
+    """Each priority class's figures (`sim.metrics.class_metrics`) as predicted (`replays`, then
+    `classes_of`); None for a trace without classes."""
     if not any(r.cls is not None for r in trace.requests):
         return None
-    if noise is None or replicas < 1:
-        return log_class_metrics(trace, simulate(trace, policy(), cost, warmup=warmup))
-    runs = [log_class_metrics(trace, simulate(trace, policy(), cost, warmup=warmup, noise=noise.sampler(i)))
-            for i in range(replicas)]
+    return classes_of(trace, replays(trace, policy, cost, noise, replicas, warmup)[0])
+
+
+def classes_of(trace: Trace, logs: list[EventLog]) -> dict[str, dict] | None:
+    """Each priority class's figures as predicted by these replays: the median over them of every
+    figure; None for a trace without classes."""
+    if not any(r.cls is not None for r in trace.requests):
+        return None
+    runs = [log_class_metrics(trace, log) for log in logs]
     out = {}
     for cls, first in runs[0].items():
         out[cls] = {}
