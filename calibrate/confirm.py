@@ -24,6 +24,7 @@ from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
 from calibrate.replay import relogged
+from calibrate.speed_probe import probe_speed
 from calibrate.confirm_runs import RunsFolder, finished_run, model_spec, runs_manifest
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.costmodel import CostModel, check_profile_matches, cost_model
@@ -129,7 +130,8 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
         data = finished_run(out, s, sha)
         if data is None:
             spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup,
-                    "engine": engine, "cost": prof["cost"]}  # the prices an auto:MS budget decides by
+                    "engine": engine, "cost": prof["cost"],  # the prices an auto:MS budget decides by
+                    "probe": getattr(cost_model(prof), "pdsim_forms", True)}  # the machine's speed, if priceable
             try:
                 run_fresh(spec, out)
             except RunFailed as e:
@@ -152,20 +154,29 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
             replicas: int = REPLICAS) -> list[dict]:
     """Predicted (simulator; with the profile's call noise, the median and range over `replicas`
     replays, `sim.predict`) against measured (median, min, max over repeats), per setting and
-    metric; and per call kind (and size bucket), predicted/measured over the setting's runs."""
+    metric; and per call kind (and size bucket), predicted/measured over the setting's runs.
+
+    Where the runs carry speed probes (`calibrate.speed_probe`), the prediction is made at the
+    machine's speed during them (the median over runs), and the one at the calibration's speed is
+    kept beside it (`at_calibration_speed`): how much of a miss the machine's drift made."""
     cost, noise = cost_model(prof), CallNoise.from_json(prof.get("fit", {}).get("noise"))
     results = []
     for s in settings:
         label = setting_label(s)
         # the worker served a warm-up first, in the same process: predict that process
         warm, policy = warmup_trace(trace), partial(policies.make, **s, cost=cost)  # a fresh policy per replay
-        predictions, noisy = replays(trace, policy, cost, noise, replicas, warm)  # made once, read twice
-        predicted, spread = metrics_of(predictions, noisy, stall_ms)
         mine = [r for r in runs if r["label"] == label]
+        probes = [probed_speed(r, cost) for r in mine]
+        speeds = [p["speed"] for p in probes if p]
+        speed = statistics.median(speeds) if speeds else 1.0
+        predictions, noisy = replays(trace, policy, cost, noise, replicas, warm, speed)  # made once, read twice
+        predicted, spread = metrics_of(predictions, noisy, stall_ms)
+        at_calibration = metrics_of(*replays(trace, policy, cost, noise, replicas, warm), stall_ms)[0] \
+            if speeds else predicted
         logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes) for r in mine]
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
-        measured, errors = {}, {}
+        measured, errors, errors_at_calibration = {}, {}, {}
         for k in CONFIRMED + (CONFIRMED_KV if s.get("kv_limit") is not None else ()):
             vals = [r["metrics"].get(k, math.nan) for r in mine]
             vals = [v for v in vals if not math.isnan(v)]
@@ -174,14 +185,34 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
             med = statistics.median(vals)
             measured[k] = {"median": med, "min": min(vals), "max": max(vals)}
             errors[k] = relative_error(predicted[k], med)
+            if not math.isnan(at_calibration.get(k, math.nan)):
+                errors_at_calibration[k] = relative_error(at_calibration[k], med)
         results.append({"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
                         "predicted_range": {k: list(spread[k]) for k in measured if k in spread},
                         "measured": measured, "rel_error": errors,
+                        "machine_speed": {"median": speed if speeds else None,
+                                          "runs": [dict(p or {}, repeat=r["repeat"]) for r, p in zip(mine, probes)]},
+                        "at_calibration_speed": {"predicted": {k: at_calibration[k] for k in errors_at_calibration},
+                                                 "rel_error": errors_at_calibration},
                         "run_speed": [{"repeat": r["repeat"], "pred_over_meas": run_speed(log, cost)}
                                       for r, log in zip(mine, logs)],
                         "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False),
                         **compare_classes(trace, classes_of(trace, predictions), logs)})
     return results
+
+
+def probed_speed(run: dict, cost: CostModel) -> dict | None:
+    """The machine's speed around one run, from its probes (`calibrate.speed_probe`): before, after,
+    and over both; None for a run without probes (measured before them) or a profile that cannot price them."""
+    probe = run.get("probe")
+    if not probe or not probe.get("logs"):
+        return None
+    trace = Trace.from_dicts(probe["trace"]["requests"], probe["trace"]["meta"], source="speed probe")
+    logs = [relogged(trace, log, probe["setting"]) for log in probe["logs"]]
+    speed = probe_speed(logs, cost)
+    if speed is None:
+        return None
+    return {"before": probe_speed(logs[:1], cost), "after": probe_speed(logs[-1:], cost), "speed": speed}
 
 
 def run_speed(log: EventLog, cost: CostModel) -> float | None:
@@ -193,7 +224,7 @@ def run_speed(log: EventLog, cost: CostModel) -> float | None:
 
 
 def compare_classes(trace: Trace, predicted: dict[str, dict] | None, logs: list[EventLog]) -> dict:
-    """Per priority class (`sim.metrics.class_metrics`): predicted (`sim.predict.predict_classes`)
+    """Per priority class (`sim.metrics.class_metrics`): predicted (`sim.predict.classes_of`)
     against measured (median, min, max over repeats) of `CLASS_CONFIRMED`; {} for a trace without classes."""
     if predicted is None:
         return {}
@@ -267,7 +298,7 @@ def _confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats:
         "gate": g,
         "results": results,
         "runs": [{k: r[k] for k in ("label", "repeat", "setting", "metrics", "log", "outputs", "wall_s", "idle_s",
-                                    "engine", "check") if k in r} for r in runs],
+                                    "engine", "check", "probe") if k in r} for r in runs],
         "wall_s": time.perf_counter() - t0,
     }
     atomic_write_json(out, report)

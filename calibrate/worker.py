@@ -16,6 +16,7 @@ import policies
 from calibrate.executor import RealEngine
 from calibrate.host import host_info
 from calibrate.model import build_as_profiled
+from calibrate.speed_probe import SETTING as PROBE, probe_trace
 from sim.costmodel import cost_model
 from sim.files import atomic_write_json
 from traces.trace import Request, Trace, load_jsonl
@@ -39,31 +40,53 @@ def run_spec(spec: dict) -> dict:
     trace = load_jsonl(spec["trace_path"])
     if spec.get("engine", "pdsim") == "mlx-lm":
         return _run_batch_generator(lm, trace, spec)
-    engine = RealEngine(lm)
+    engine, probe = RealEngine(lm), Probe(lm, on=spec.get("probe", False))
     # an auto:MS budget prices its chunks with the profile confirm was given, as the simulator does
     cost = cost_model({"cost": spec["cost"]}) if "cost" in spec else None
     policy = policies.make(**spec["setting"], cost=cost)
     for _ in range(spec.get("warmup", 1)):
         engine.run(warmup_trace(trace), policy)
+    probe.run()
     t0 = time.perf_counter()
     run = engine.run(trace, policy)
+    wall = time.perf_counter() - t0
+    probe.run()
     return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
-            "wall_s": time.perf_counter() - t0, "host": host_info(), "setting": spec["setting"],
+            "wall_s": wall, "host": host_info(), "setting": spec["setting"], "probe": probe.result(),
             "trace_sha256": trace.sha256(), "warmup": spec.get("warmup", 1)}  # what was measured, to resume by
+
+
+class Probe:
+    """The machine's speed just before and just after a timed run (`calibrate.speed_probe`), on an
+    engine of its own, so the run's engine state is the one the warm-up left; `on`: the spec asks
+    for it (confirm does, with a profile that prices pdsim's engine; a calibration's runs do not)."""
+
+    def __init__(self, lm, on: bool):
+        self.engine, self.trace, self.logs, self.on = RealEngine(lm), probe_trace(lm.vocab_size), [], on
+
+    def run(self) -> None:
+        if self.on:
+            self.logs.append(self.engine.run(self.trace, policies.make(**PROBE)).log.to_dict())
+
+    def result(self) -> dict:
+        return {"trace": self.trace.to_dict(), "setting": PROBE, "logs": self.logs}
 
 
 def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
     from calibrate.batchgen import run_batch_generator
     from calibrate.mlxlm_batches import installed_version
-    largest, checks = 0, []
+    largest, checks, probe = 0, [], Probe(lm, on=spec.get("probe", False))
     for _ in range(spec.get("warmup", 1)):  # the warm-ups' calls are checked too, not kept (as pdsim's)
         _, check, largest = run_batch_generator(lm, warmup_trace(trace), spec["setting"], largest)
         checks.append(check)
+    probe.run()
     t0 = time.perf_counter()
     run, check, _ = run_batch_generator(lm, trace, spec["setting"], largest)
+    wall = time.perf_counter() - t0
+    probe.run()
     checks.append(check)
     return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
-            "wall_s": time.perf_counter() - t0, "host": host_info(), "setting": spec["setting"],
+            "wall_s": wall, "host": host_info(), "setting": spec["setting"], "probe": probe.result(),
             "engine": {"name": "mlx-lm", "version": installed_version()},
             "check": {"policy_mismatches": [m for c in checks for m in c.policy_mismatches],
                       "shape_mismatches": [m for c in checks for m in c.shape_mismatches]}}

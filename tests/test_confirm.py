@@ -104,7 +104,14 @@ def test_confirm_end_to_end(profile, tmp_path):
     for res in one["results"]:
         plain = score(simulate(trace, policies.make(**res["setting"]), cost_model(load_profile(profile)),
                                warmup=warmup_trace(trace)))
-        assert res["predicted"] == {k: plain[k] for k in res["predicted"]}
+        assert res["at_calibration_speed"]["predicted"] == {k: plain[k] for k in res["predicted"]}
+    # each run was probed before and after (calibrate.speed_probe); the prediction is made at their speed
+    for res in rep["results"]:
+        runs = [r for r in rep["runs"] if r["label"] == res["label"]]
+        assert all(len(r["probe"]["logs"]) == 2 for r in runs)
+        speeds = [p["speed"] for p in res["machine_speed"]["runs"]]
+        assert all(0.2 < v < 5 for v in speeds) and res["machine_speed"]["median"] == statistics.median(speeds)
+    assert "machine speed against the calibration" in stdout and "at calib. speed" in stdout
     # the report is never overwritten
     code, _, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--budget", "8", "--repeats", "1",
                          "-o", str(out))

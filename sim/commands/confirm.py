@@ -70,16 +70,24 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
     worst = 0.0
     for res in report["results"]:
         rows = []
+        speed = (res.get("machine_speed") or {}).get("median")  # reports before speed probes have none
+        drift = res.get("at_calibration_speed", {}).get("rel_error", {})
         for k, m in res["measured"].items():
             err = res["rel_error"][k]
             worst = max(worst, abs(err)) if k != "resume_gap_max_ms" else worst
             lo, hi = res.get("predicted_range", {}).get(k, (None, None))
             rows.append({"metric": k, "predicted": res["predicted"][k],
                          "prange": f"{fmt(lo)}..{fmt(hi)}" if lo is not None else "-", "measured": m["median"],
-                         "range": f"{fmt(m['min'])}..{fmt(m['max'])}", "error": f"{err:+.1%}"})
+                         "range": f"{fmt(m['min'])}..{fmt(m['max'])}", "error": f"{err:+.1%}",
+                         "calib": _signed(drift.get(k))})
+        cols = ["metric", "predicted", "prange", "measured", "range", "error"] + (["calib"] if speed else [])
         print(f"\n{res['label']}  ({report['protocol']['repeats']} runs)")
-        print(table(rows, ["metric", "predicted", "prange", "measured", "range", "error"],
-                    ["metric", "predicted", "replays min..max", "measured (median)", "min..max", "rel. error"]))
+        print(table(rows, cols, ["metric", "predicted", "replays min..max", "measured (median)", "min..max",
+                                 "rel. error", "at calib. speed"][:len(cols)]))
+        if speed:
+            print(f"machine speed against the calibration (speed probes before/after each run): "
+                  + " ".join(f"r{p['repeat']} {p['before']:.2f}/{p['after']:.2f}" for p in res["machine_speed"]["runs"]
+                             if p.get("speed")) + f"; predicted at {speed:.2f}x")
         speeds = {r["repeat"]: r["pred_over_meas"] for r in res.get("run_speed", ()) if r["pred_over_meas"]}
         if speeds:
             spread = max(speeds.values()) / min(speeds.values()) - 1
