@@ -109,6 +109,7 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, largest: i
     done: dict[str, int] = {}  # prompt tokens each request has sent to prefill
     inserted: dict[str, int] = {}
     idle = 0.0
+    mx.reset_peak_memory()  # this run's peak, as pdsim's executor takes it (`sim.memory` predicts it)
     try:
         while not state.done:
             before = state.arrived
@@ -143,6 +144,7 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, largest: i
                 on_call(state, gen)
     finally:
         gen.close()
+    state.log.peak_memory = float(mx.get_peak_memory())
     return RealRun(state.log, outputs, idle, inserted), check, state.kv.largest
 
 

@@ -215,7 +215,7 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
 
 def engine_samples(runs: list[dict]) -> list[dict]:
     """The calls of the calibration's engine runs as samples (held-out runs marked), their KV
-    buffers derived from the calls by today's state machine (`sim.state.relog`), so a refit of an
+    buffers derived from the calls by today's state machine (`sim.relog`), so a refit of an
     older profile prices them by today's rules."""
     out = []
     for r in runs:

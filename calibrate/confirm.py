@@ -32,6 +32,7 @@ from sim.errors import UserError
 from sim.files import atomic_write_json, check_output, jsonable
 from sim.log import EventLog
 from sim.kvlimit import check_kv_limits
+from sim.memory import device_kv_tokens
 from sim.metric_registry import CONFIRMED, CONFIRMED_KV
 from sim.metrics import CLASS_CONFIRMED, log_class_metrics, score
 from sim.noise import CallNoise
@@ -39,6 +40,7 @@ from sim.predict import REPLICAS, classes_of, metrics_of, replays
 from sim.residuals import call_ratios, residual_table
 from sim.state import EngineError
 from sim.settings import setting, setting_label
+from sim.speed import MachineSpeed
 from traces.trace import Trace, load_jsonl
 
 
@@ -131,7 +133,8 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
         if data is None:
             spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup,
                     "engine": engine, "cost": prof["cost"],  # the prices an auto:MS budget decides by
-                    "probe": getattr(cost_model(prof), "pdsim_forms", True)}  # the machine's speed, if priceable
+                    "probe": getattr(cost_model(prof), "pdsim_forms", True),  # the machine's speed, if priceable
+                    "kv_capacity": device_kv_tokens(prof)}  # the device's KV limit, the simulator's
             try:
                 run_fresh(spec, out)
             except RunFailed as e:
@@ -157,8 +160,9 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
     metric; and per call kind (and size bucket), predicted/measured over the setting's runs.
 
     Where the runs carry speed probes (`calibrate.speed_probe`), the prediction is made at the
-    machine's speed during them (the median over runs), and the one at the calibration's speed is
-    kept beside it (`at_calibration_speed`): how much of a miss the machine's drift made."""
+    machine's speed around them (prefill and decode apart, each the median over runs,
+    `sim.speed`), and the one at the calibration's speed is kept beside it
+    (`at_calibration_speed`): how much of a miss the machine's drift made."""
     cost, noise = cost_model(prof), CallNoise.from_json(prof.get("fit", {}).get("noise"))
     results = []
     for s in settings:
@@ -167,12 +171,13 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         warm, policy = warmup_trace(trace), partial(policies.make, **s, cost=cost)  # a fresh policy per replay
         mine = [r for r in runs if r["label"] == label]
         probes = [probed_speed(r, cost) for r in mine]
-        speeds = [p["speed"] for p in probes if p]
-        speed = statistics.median(speeds) if speeds else 1.0
+        known = [p for p in probes if p]
+        speed = MachineSpeed(statistics.median(p["prefill"] for p in known),
+                             statistics.median(p["decode"] for p in known)) if known else MachineSpeed()
         predictions, noisy = replays(trace, policy, cost, noise, replicas, warm, speed)  # made once, read twice
         predicted, spread = metrics_of(predictions, noisy, stall_ms)
         at_calibration = metrics_of(*replays(trace, policy, cost, noise, replicas, warm), stall_ms)[0] \
-            if speeds else predicted
+            if known else predicted
         logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes) for r in mine]
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
@@ -190,7 +195,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         results.append({"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
                         "predicted_range": {k: list(spread[k]) for k in measured if k in spread},
                         "measured": measured, "rel_error": errors,
-                        "machine_speed": {"median": speed if speeds else None,
+                        "machine_speed": {"median": speed.to_json() if known else None,
                                           "runs": [dict(p or {}, repeat=r["repeat"]) for r, p in zip(mine, probes)]},
                         "at_calibration_speed": {"predicted": {k: at_calibration[k] for k in errors_at_calibration},
                                                  "rel_error": errors_at_calibration},
@@ -202,17 +207,18 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
 
 
 def probed_speed(run: dict, cost: CostModel) -> dict | None:
-    """The machine's speed around one run, from its probes (`calibrate.speed_probe`): before, after,
-    and over both; None for a run without probes (measured before them) or a profile that cannot price them."""
+    """The machine's speed around one run, from its probes (`calibrate.speed_probe`): prefill and
+    decode over both probes, and each probe's alone (`before`, `after`); None for a run without
+    probes (measured before them) or a profile that cannot price them."""
     probe = run.get("probe")
     if not probe or not probe.get("logs"):
         return None
     trace = Trace.from_dicts(probe["trace"]["requests"], probe["trace"]["meta"], source="speed probe")
     logs = [relogged(trace, log, probe["setting"]) for log in probe["logs"]]
-    speed = probe_speed(logs, cost)
-    if speed is None:
+    both, before, after = probe_speed(logs, cost), probe_speed(logs[:1], cost), probe_speed(logs[-1:], cost)
+    if both is None:
         return None
-    return {"before": probe_speed(logs[:1], cost), "after": probe_speed(logs[-1:], cost), "speed": speed}
+    return {**both.to_json(), "before": before and before.to_json(), "after": after and after.to_json()}
 
 
 def run_speed(log: EventLog, cost: CostModel) -> float | None:

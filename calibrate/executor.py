@@ -47,10 +47,11 @@ class RealEngine:
     lm: LoadedModel
     caches: dict[str, Cache] = field(default_factory=dict)
     largest: int = 0  # the largest KV array this process allocated in earlier runs (`sim.kvcache`)
+    kv_capacity: int | None = None  # the device's KV tokens, as the profile predicts them (`sim.kvlimit.kv_limit_of`)
 
     def run(self, trace: Trace, policy: Policy, on_call=None) -> RealRun:
         """Serve `trace` under `policy` in real time; requests arrive at their trace times."""
-        limit = kv_limit_of(policy, kv_bytes_per_token(self.lm.config, self.lm.dtype))
+        limit = kv_limit_of(policy, kv_bytes_per_token(self.lm.config, self.lm.dtype), self.kv_capacity)
         state = EngineState(trace, self.largest, kv_limit=limit)
         self.caches, self.batch = {}, DecodeBatch(self.lm)
         self.mlx = None

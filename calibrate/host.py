@@ -52,6 +52,9 @@ def host_info() -> dict:
         "mlx": _version("mlx"),
         "mlx_lm": _version("mlx-lm"),
         "blas": blas_in_use() if kind == "cpu" else "n/a (GPU)",
+        # what MLX lets this process allocate (on a Mac: from the GPU's working set; here: from RAM),
+        # the device's room for weights and KV cache (`sim.memory.device_kv_tokens`)
+        "memory_limit_bytes": int(mx.get_memory_limit()),
     }
     # the BLAS kernels are part of a CPU device: the same CPU on generic kernels runs 5-7x slower
     blas = info["blas"].split(" (core ")[-1].rstrip(")") if " (core " in info["blas"] else info["blas"].split()[0]

@@ -21,7 +21,7 @@ from scipy.optimize import lsq_linear
 
 from sim.log import EventLog
 from sim.memory import MemoryModel, decode_features, kv_bytes_per_token, prefill_features
-from sim.state import relog
+from sim.relog import relog
 from traces.trace import Trace
 
 FOLDS = 4

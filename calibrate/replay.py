@@ -24,7 +24,7 @@ from sim.errors import UserError
 from sim.costmodel import LinearCostModel
 from sim.log import Call, EventLog
 from sim.replay import warmed
-from sim.state import relog
+from sim.relog import relog
 from sim.residuals import call_kind, size_bucket
 from traces.generators import fixed, poisson
 from traces.trace import Trace

@@ -1,15 +1,16 @@
 """How fast the machine runs now, against its calibration: a short fixed run timed around each confirm run.
 
 A shared machine changes speed: on the 2-vCPU VM pdsim is built on, confirm runs made minutes
-after a calibration ran 0.87-0.99x as fast as it (every call kind alike), and every measured
-figure moved with them. That is the machine, not the cost model, and no cost model can predict
-it. So each confirm worker serves this probe, in its own process, just before and just after its
-timed run: two requests under fifo, prompts of 32 and 64 tokens (aligned grid shapes) and steady
-decodes of a batch of one, the calls a calibration prices best (its joins and buffer growths are
-left out). The median over the probe's calls of predicted
-over measured is the machine's speed then; the prediction of the run is made at that speed
-(`sim.predict.replays`), and the report keeps the one at the calibration's speed beside it.
-The probe is never a call of the run being scored.
+after a calibration ran 0.85-1.47x as fast as it, and every measured figure moved with them.
+That is the machine, not the cost model, and no cost model can predict it. So each confirm
+worker serves this probe, in its own process, just before and just after its timed run: two
+requests under fifo, prompts of 32 and 64 tokens (aligned grid shapes) and steady decodes of a
+batch of one, the calls a calibration prices best (its joins and buffer growths are left out).
+The median over the probe's prefills of predicted over measured is the machine's prefill speed
+then, over its decodes its decode speed (`sim.speed.MachineSpeed`: the two move apart, a
+prefill is bound by arithmetic and a decode by memory); the run is predicted at them
+(`sim.predict.replays`), and the report keeps the prediction at the calibration's speed beside
+it. The probe is never a call of the run being scored.
 """
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ import statistics
 from sim.costmodel import CostModel
 from sim.log import EventLog
 from sim.residuals import call_ratios
+from sim.speed import MachineSpeed
 from traces.generators import fixed
 from traces.trace import Trace
 
 SETTING = {"policy": "fifo"}
-KINDS = ("prefill", "decode")  # the probe's calls but its joins and buffer growths: whole prompts, steady decodes
 
 
 def probe_trace(vocab: int) -> Trace:
@@ -30,10 +31,15 @@ def probe_trace(vocab: int) -> Trace:
     return fixed([0.0, 0.0], [32, 64], [8, 8], seed=5, vocab=vocab)
 
 
-def probe_speed(logs: list[EventLog], cost: CostModel) -> float | None:
-    """The median over the probes' calls of predicted/measured: above 1 the machine ran faster than
-    at its calibration; None without calls to price (a profile of mlx-lm's calls only)."""
+def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
+    """The median over the probes' prefills, and over their decodes, of predicted/measured: above
+    1 the machine ran them faster than at its calibration; None without calls to price (a profile
+    of mlx-lm's calls only)."""
     if not getattr(cost, "pdsim_forms", True):
         return None
-    ratios = [r for kind, _, r in call_ratios(logs, cost) if kind in KINDS]
-    return statistics.median(ratios) if ratios else None
+    ratios = call_ratios(logs, cost)
+    prefill = [r for kind, _, r in ratios if kind == "prefill"]
+    decode = [r for kind, _, r in ratios if kind == "decode"]
+    if not prefill or not decode:
+        return None
+    return MachineSpeed(statistics.median(prefill), statistics.median(decode))

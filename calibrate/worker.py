@@ -40,7 +40,8 @@ def run_spec(spec: dict) -> dict:
     trace = load_jsonl(spec["trace_path"])
     if spec.get("engine", "pdsim") == "mlx-lm":
         return _run_batch_generator(lm, trace, spec)
-    engine, probe = RealEngine(lm), Probe(lm, on=spec.get("probe", False))
+    # the device's KV capacity as the profile gives it, so both executors enforce the same limit
+    engine, probe = RealEngine(lm, kv_capacity=spec.get("kv_capacity")), Probe(lm, on=spec.get("probe", False))
     # an auto:MS budget prices its chunks with the profile confirm was given, as the simulator does
     cost = cost_model({"cost": spec["cost"]}) if "cost" in spec else None
     policy = policies.make(**spec["setting"], cost=cost)

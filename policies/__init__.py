@@ -50,8 +50,8 @@ OPTION_HELP = {
     "order": "chunk-first (tiny-llm) | decode-first (meTile) (eager, chunked)",
     "kv_limit": "KV-cache limit, tokens (4096, 4096tok) or memory (2GB, 0.5GB, 1GiB; via the model's bytes per KV "
                 "token); a request is admitted when its cache fits, the newest is preempted and recomputed when "
-                "decodes outgrow it (vLLM's default); default: no limit (fifo, eager, chunked with queue fcfs; "
-                "not mlx-lm)",
+                "decodes outgrow it (vLLM's default; a preempted request resumes before new prompts in every queue "
+                "order); default: no limit (fifo, eager, chunked; not mlx-lm)",
     "queue": "which waiting prompt starts next: fcfs (arrival order) | sjf (shortest prompt first) | priority "
              "(earliest deadline first: arrival + the request's class TTFT target, --class-slo CLASS:ttft=MS) "
              "(fifo, eager, chunked; mlx-lm's BatchGenerator is FIFO only)",
@@ -85,9 +85,6 @@ def make(policy: str, budget: int | str | None = None, batch_size: int = 4, deco
         raise PolicyError(f"unknown policy option {unknown[0]!r}; known: budget, batch_size, decode, order, "
                           "idle_budget, kv_limit, queue, aging_s, "
                           + ", ".join(MLX_LM_OPTIONS))
-    if kv_limit is not None and queue != "fcfs":
-        raise PolicyError(f"queue {queue!r} with kv_limit {kv_limit}: not modelled yet (a preempted request re-enters "
-                          "the queue, which only fcfs orders); use queue fcfs with a KV limit")
     if policy == "mlx-lm":
         if is_adaptive(parse_budget(budget), idle_budget):
             raise PolicyError("policy 'mlx-lm' takes no budget auto:MS or idle_budget whole: its prefill step is fixed "

@@ -11,7 +11,11 @@ request, so one option orders all three, in the simulator and on the real engine
 
 Why a started prefill is always finished first: a partly prefilled prompt holds its KV cache, and
 switching to another would keep two partial caches resident; vLLM likewise schedules running
-requests before waiting ones. So the order decides which prompt starts next, never interrupts one.
+requests before waiting ones. So the order decides which prompt starts next, never interrupts one. A request preempted by a KV
+limit (`sim.kvlimit`) resumes before any prompt that has not begun, in every order: it has
+emitted tokens already (a client mid-stream) and its recompute is owed; vLLM's default scheduler
+likewise puts a preempted request back at the front of its waiting queue. A prompt that does not
+fit the limit waits at the front; later prompts wait behind it (no overtaking).
 
 Why an aging bound (`aging_s`, seconds): sjf starves long prompts and priority starves requests
 without a deadline while shorter or tighter ones keep arriving. A request that has waited longer
@@ -59,13 +63,14 @@ class QueueOrder:
     _started: str | None = field(default=None, repr=False, compare=False)
 
     def next(self, state: EngineState) -> RequestState | None:
-        """The queued request whose prefill runs next: a started prefill first, then the oldest
-        request if it has waited longer than the aging bound, then the queue's order."""
+        """The queued request whose prefill runs next: a started prefill first, then a preempted
+        request (`sim.kvlimit`), then the oldest request if it has waited longer than the aging
+        bound, then the queue's order."""
         queued = state.queued
         if not queued:
             return None
-        head = next(iter(queued.values()))  # `queued` is in arrival order
-        if self.queue == "fcfs" or head.prefilled:
+        head = next(iter(queued.values()))  # arrival order, after begun prefills and preempted requests
+        if self.queue == "fcfs" or head.prefilled or head.preempted:
             return head
         if self._state is None or self._state() is not state:  # a new run
             self._state, self._heap, self._seen, self._started = weakref.ref(state), [], 0, None

@@ -29,7 +29,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from sim.memory import MemoryModel, memory_model, profile_kv_bytes
+from sim.memory import MemoryModel, device_kv_tokens, memory_model, profile_kv_bytes
 
 
 PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
@@ -164,6 +164,7 @@ class LinearCostModel:
     pdsim_forms: bool = True  # False: a profile of mlx-lm's calls only, which cannot price pdsim's engine
     memory: MemoryModel | None = None  # the profile's peak-memory model (`sim.memory`), if it has one
     kv_bytes: int | None = None  # bytes of one KV-cache token of the profile's model (`sim.memory`), if known
+    kv_capacity: int | None = None  # tokens of KV cache the profile's device holds (`sim.memory.device_kv_tokens`)
 
     def mlx_lm_call(self, kind: str, tokens: int, idx: int, contexts: Sequence[int], written: int,
                     fresh: int) -> float:
@@ -286,6 +287,10 @@ class GridCostModel:
         return self.linear.kv_bytes
 
     @property
+    def kv_capacity(self) -> int | None:
+        return self.linear.kv_capacity
+
+    @property
     def fresh(self) -> float:
         return self.linear.fresh
 
@@ -354,10 +359,10 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     before per-step choices say it once, as `cost.use`)."""
     c = prof["cost"]
     mlx = mlx_lm_costs(c["mlx_lm"]) if "mlx_lm" in c else None
-    memory, kv_bytes = memory_model(prof), profile_kv_bytes(prof)
+    memory, kv_bytes, capacity = memory_model(prof), profile_kv_bytes(prof), device_kv_tokens(prof)
     if "prefill" not in c:  # a profile of mlx-lm's calls only
         return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False, memory=memory,
-                               kv_bytes=kv_bytes)
+                               kv_bytes=kv_bytes, kv_capacity=capacity)
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]), float(c.get("iteration", 0.0)),
                           join=_triple(c.get("join")), leave=_triple(c.get("leave")),
                           prefill_dense=Curve.from_pairs(c["prefill"].get("dense")),
@@ -366,7 +371,7 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
                           prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
-                          kv_bytes=kv_bytes)
+                          kv_bytes=kv_bytes, kv_capacity=capacity)
     grid = {step: c[step].get("use", c.get("use", "fit")) == "grid" for step in ("prefill", "decode")}
     if any(grid.values()):
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),

@@ -16,7 +16,7 @@ from typing import Callable
 
 from policies.base import Policy
 from sim.errors import InputError
-from sim.memory import parse_kv_limit, profile_kv_bytes
+from sim.memory import device_kv_tokens, parse_kv_limit, profile_kv_bytes
 from sim.state import EngineError, EngineState, check_kv_fit
 from traces.trace import Trace
 from sim.work import Prefill, Work
@@ -49,20 +49,30 @@ def next_work(policy: Policy, state: EngineState, at: float,
         work = policy.schedule(state)
 
 
-def kv_limit_of(policy: Policy, bytes_per_token: int | None) -> int | None:
-    """The KV limit a policy's setting gives, in tokens (`sim.memory.KVLimit`); None: no limit."""
+def kv_limit_of(policy: Policy, bytes_per_token: int | None, capacity: int | None = None) -> int | None:
+    """The KV limit a run enforces, in tokens: the setting's (`sim.memory.KVLimit`) or the device's
+    `capacity` (`sim.memory.device_kv_tokens`), whichever is smaller; None: no limit. A device holds
+    no more than it holds whatever the setting says, so its capacity is the default. mlx-lm's
+    BatchGenerator has no limit, and its policy gets none: it runs as it is."""
     limit = getattr(getattr(policy, "opts", None), "kv_limit", None)
-    return None if limit is None else limit.resolve(bytes_per_token)
+    tokens = None if limit is None else limit.resolve(bytes_per_token)
+    if capacity is None or getattr(policy, "engine", "pdsim") == "mlx-lm":
+        return tokens
+    return capacity if tokens is None else min(tokens, capacity)
 
 
 def check_kv_limits(prof: dict, traces: dict[str, Trace], settings: list[dict]) -> None:
     """Refuse, before any run, a KV limit the profile cannot turn into tokens (an amount of memory
-    with no model shapes) and a trace with a request that could never fit a setting's limit."""
+    with no model shapes) and a trace with a request that could never fit a setting's limit, or
+    the device's (`sim.memory.device_kv_tokens`)."""
+    capacity = device_kv_tokens(prof)
     for s in settings:
         limit = parse_kv_limit(s.get("kv_limit"))
-        if limit is None:
+        tokens = None if limit is None else limit.resolve(profile_kv_bytes(prof))
+        if s.get("policy") != "mlx-lm" and capacity is not None and (tokens is None or capacity < tokens):
+            limit, tokens = f"(none: the device's {capacity:,} tokens beside the weights)", capacity
+        if tokens is None:
             continue
-        tokens = limit.resolve(profile_kv_bytes(prof))
         for name, trace in traces.items():
             try:
                 check_kv_fit(trace, tokens)

@@ -142,6 +142,22 @@ def profile_kv_bytes(prof: Mapping) -> int | None:
     return kv_bytes_per_token(shapes, dtype)
 
 
+DEVICE_SHARE = 0.9  # of MLX's memory limit, for weights and cache together (vLLM's gpu_memory_utilization default)
+
+
+def device_kv_tokens(prof: Mapping) -> int | None:
+    """Tokens of KV cache the profile's device holds: 0.9 of MLX's memory limit there
+    (`mx.get_memory_limit()`, which the calibration records as `device.memory_limit_bytes`) less
+    the weights (the memory model's), over the model's bytes per KV token; the other tenth is left
+    to each call's temporaries and the allocator. None where the profile lacks any of them (the
+    built-in profile, and profiles from before): then no device limit."""
+    limit, memory, per_token = prof.get("device", {}).get("memory_limit_bytes"), memory_model(prof), \
+        profile_kv_bytes(prof)
+    if limit is None or memory is None or not per_token:
+        return None
+    return max(0, int((DEVICE_SHARE * limit - memory.weights) // per_token))
+
+
 @dataclass(frozen=True)
 class KVLimit:
     """A KV-cache limit as given: `tokens`, or `amount` of `unit` (GB, GiB, MB, MiB) of cache."""

@@ -18,26 +18,24 @@ from sim.log import EventLog
 from sim.metrics import log_class_metrics, score
 from sim.noise import CallNoise
 from sim.replay import simulate
+from sim.speed import MachineSpeed
 from traces.trace import Trace
 
 REPLICAS = 15
 
 
 def replays(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: CallNoise | None = None,
-            replicas: int = REPLICAS, warmup: Trace | None = None, speed: float = 1.0) -> tuple[list[EventLog], bool]:
+            replicas: int = REPLICAS, warmup: Trace | None = None,
+            speed: MachineSpeed = MachineSpeed()) -> tuple[list[EventLog], bool]:
     """The replays a prediction is made of, and whether they are noisy: `replicas` of them with
     the call noise (replica i seeded i), or one at typical call times. `policy` makes a fresh
-    policy for each replay (a policy may keep a run's queue). `speed`: the machine's speed against
-    its calibration's (a confirm's probes, `calibrate.speed_probe`): every call takes 1/speed of its price."""
-    slow = 1.0 / speed
+    policy for each replay (a policy may keep a run's queue, and prices an `auto` budget's chunks
+    at the calibration's speed, as the real engine's does). `speed`: the machine's speed against
+    its calibration's (a confirm's probes, `calibrate.speed_probe`): every call at its kind's."""
+    cost = speed.of(cost)
     if noise is None or replicas < 1:
-        return [simulate(trace, policy(), cost, warmup=warmup, noise=None if slow == 1.0 else lambda: slow)], False
-    return [simulate(trace, policy(), cost, warmup=warmup, noise=_times(noise.sampler(i), slow))
-            for i in range(replicas)], True
-
-
-def _times(draw: Callable[[], float], factor: float) -> Callable[[], float]:
-    return draw if factor == 1.0 else lambda: draw() * factor
+        return [simulate(trace, policy(), cost, warmup=warmup)], False
+    return [simulate(trace, policy(), cost, warmup=warmup, noise=noise.sampler(i)) for i in range(replicas)], True
 
 
 def predict(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: CallNoise | None = None,

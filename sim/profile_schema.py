@@ -132,6 +132,8 @@ def check_profile(prof: dict, path) -> None:
     device = _obj(w, prof["device"], "device")
     for key in ("id", "name", "kind"):
         _text(w, device, key, f"device.{key}")
+    if device.get("memory_limit_bytes") is not None:  # MLX's memory limit there (`sim.memory.device_kv_tokens`)
+        _whole(w, device["memory_limit_bytes"], "device.memory_limit_bytes", 1)
     if "illustrative" in prof and not isinstance(prof["illustrative"], bool):
         raise w.fail("illustrative", "must be true or false")
     check_cost(w, _obj(w, prof["cost"], "cost"))

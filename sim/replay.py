@@ -37,7 +37,7 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
     if engine_of(policy) == "pdsim" and not getattr(cost, "pdsim_forms", True):
         raise ProfileError(f"the profile prices mlx-lm's BatchGenerator only (`pdsim calibrate --engine mlx-lm`); "
                            f"policy {policy.name!r} runs on pdsim's engine: calibrate without --engine for it")
-    limit = kv_limit_of(policy, getattr(cost, "kv_bytes", None))
+    limit = kv_limit_of(policy, getattr(cost, "kv_bytes", None), getattr(cost, "kv_capacity", None))
     state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0, log,
                         getattr(cost, "memory", None), limit)
     _serve(state, policy, cost, steady and noise is None, noise)
@@ -51,7 +51,8 @@ def engine_of(policy: Policy) -> str:
 
 def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> int:
     """The largest KV array a process allocates serving `warmup` (`sim.kvcache`)."""
-    state = EngineState(warmup, kv_limit=kv_limit_of(policy, getattr(cost, "kv_bytes", None)))
+    state = EngineState(warmup, kv_limit=kv_limit_of(policy, getattr(cost, "kv_bytes", None),
+                                                     getattr(cost, "kv_capacity", None)))
     _serve(state, policy, cost, True)
     return state.kv.largest
 

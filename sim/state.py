@@ -10,13 +10,13 @@ from dataclasses import dataclass, replace
 
 from sim.errors import InputError
 from sim.kvcache import KVBuffers, write
-
-Rows = tuple[int, int]  # (written, fresh) token-rows of KV buffer
-NONE: Rows = (0, 0)
 from sim.log import Call, Column, EventLog, RequestInfo, Stretch
 from sim.memory import MemoryModel, PeakMemory
 from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 from traces.trace import Request, Trace
+
+Rows = tuple[int, int]  # (written, fresh) token-rows of KV buffer
+NONE: Rows = (0, 0)
 
 
 class EngineError(RuntimeError):
@@ -53,6 +53,7 @@ class RequestState:
     # mlx-lm's one-step pipeline (`FirstForward`, `Generate`): the step that returns token j also
     # writes it to the cache and samples token j + 1, so the next step attends one token more
     pipelined: bool = False
+    preempted: bool = False  # its cache was freed once (`EngineState.preempt`): it resumes before new prompts
 
     @property
     def rid(self) -> str:
@@ -217,7 +218,7 @@ class EngineState:
             freed = s.prefilled
         else:
             raise EngineError(f"preemption of {rid!r}: it holds no cache")
-        s.prefilled = 0
+        s.prefilled, s.preempted = 0, True
         self.kv_used -= freed
         self.kv.preempt(rid, Freed(rid))
         begun = [(r, q) for r, q in self.queued.items() if q.prefilled]
@@ -559,55 +560,6 @@ class _NoLog:
 
 def _grown(cap: int, idx: int, n: int) -> int:
     return write(cap, idx, n)[1]
-
-
-def relog(trace: Trace, log: EventLog, largest: int = 0, memory: MemoryModel | None = None) -> EventLog:
-    """A measured log's calls through today's state machine, at their measured times: what the
-    state derives from the calls (KV buffers written, fresh memory) recomputed with today's rules,
-    for a log written before them. Single decodes need the log's `batched` flag (logs since 0.2).
-    mlx-lm's calls are rebuilt as the work they were (`work_of`), their prompt-batch joins inferred.
-    The measured peak memory is kept; with `memory`, the log's peak is that model's prediction for
-    these very calls instead."""
-    state, sync = EngineState(trace, largest, memory=memory), None
-    order = {r.id: i for i, r in enumerate(trace.requests)}
-    prompting: dict[int, list[str]] = {}  # iteration -> the rows of its first forward and prompt calls
-    for c in log.calls:
-        if c.kind in ("first", "prompt"):
-            prompting.setdefault(c.iteration, []).extend(c.rids)
-    for c in log.calls:
-        if c.kind == "sync":  # the rebuild before the next decode
-            sync = c
-            continue
-        if c.kind == "preempt":
-            state.admit(c.start)
-            state.preempt(c.rids[0], c.start, c.iteration)
-            continue
-        start, synced = (sync.start, sync.end) if sync is not None else (c.start, None)
-        state.admit(start)
-        state.iteration = c.iteration
-        if c.kind in ("first", "prompt"):  # BatchGenerator admits (FIFO) before either runs
-            joining = sorted((r for r in prompting.pop(c.iteration, ()) if r not in state.kv.prompt.rows),
-                             key=order.get)
-            if joining:
-                state.apply(JoinPrompt(tuple(joining)), start, start)
-        state.apply(work_of(c), start, c.end, synced)
-        sync = None
-    if memory is None:
-        state.log.peak_memory = log.peak_memory
-    return state.log
-
-
-def work_of(c: Call) -> Work:
-    """The work a logged call ran (a sync is part of the decode after it)."""
-    if c.kind == "prefill":
-        return Prefill(c.rids[0], c.tokens)
-    if c.kind == "prompt":
-        return BatchPrefill(tuple(zip(c.rids, c.chunks)))
-    if c.kind == "first":
-        return FirstForward(c.rids)
-    if c.kind == "generate":
-        return Generate(c.rids)
-    return Decode(c.rids, c.batched)
 
 
 def check_kv_fit(trace: Trace, kv_limit: int) -> None:

@@ -109,8 +109,9 @@ def test_confirm_end_to_end(profile, tmp_path):
     for res in rep["results"]:
         runs = [r for r in rep["runs"] if r["label"] == res["label"]]
         assert all(len(r["probe"]["logs"]) == 2 for r in runs)
-        speeds = [p["speed"] for p in res["machine_speed"]["runs"]]
-        assert all(0.2 < v < 5 for v in speeds) and res["machine_speed"]["median"] == statistics.median(speeds)
+        for kind in ("prefill", "decode"):
+            speeds = [p[kind] for p in res["machine_speed"]["runs"]]
+            assert all(0.2 < v < 5 for v in speeds) and res["machine_speed"]["median"][kind] == statistics.median(speeds)
     assert "machine speed against the calibration" in stdout and "at calib. speed" in stdout
     # the report is never overwritten
     code, _, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--budget", "8", "--repeats", "1",

@@ -90,7 +90,7 @@ def test_simulated_calls_write_the_buffers_the_real_ones_do(engine, setting):
     from sim.costmodel import LinearCostModel
     from sim.log import EventLog
     from sim.replay import simulate, warmed
-    from sim.state import relog
+    from sim.relog import relog
     trace, warm = tinyllm(5, 20, 280, 2, 12, seed=6, vocab=1024), tinyllm(2, 30, 60, 3, 3, seed=7, vocab=1024)
     policy = policies.make(**setting)
     engine.largest = 0

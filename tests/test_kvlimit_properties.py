@@ -10,7 +10,8 @@ import policies
 from sim.costmodel import LinearCostModel
 from sim.metrics import score
 from sim.replay import simulate
-from sim.state import EngineState, KVLimitError, relog
+from sim.relog import relog
+from sim.state import EngineState, KVLimitError
 from traces.trace import Request, Trace
 
 PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.build is not None]
@@ -25,13 +26,15 @@ def cases(draw):
         t += draw(st.floats(0, 2, allow_nan=False) | st.just(0.0))
         out = draw(st.integers(1, 60))
         reqs.append(Request(str(i), t, draw(st.integers(1, 80)), out,
-                            prefilled=i == 0 and out >= 2 and draw(st.booleans())))
+                            prefilled=i == 0 and out >= 2 and draw(st.booleans()),
+                            ttft_slo_ms=draw(st.none() | st.floats(10, 5000))))  # read by queue priority
     trace = Trace(reqs)
     peak = max(r.prompt_len + r.output_len - 1 for r in reqs)
     limit = draw(st.integers(peak, peak + peak // 2 + 8) | st.integers(peak, 3 * peak))  # tight ones preempt
     setting = draw(st.fixed_dictionaries({
         "policy": st.sampled_from(PDSIM_POLICIES), "budget": st.integers(1, 64), "batch_size": st.integers(1, 6),
-        "decode": st.sampled_from(["batched", "single"]), "order": st.sampled_from(["chunk-first", "decode-first"])}))
+        "decode": st.sampled_from(["batched", "single"]), "order": st.sampled_from(["chunk-first", "decode-first"]),
+        "queue": st.sampled_from(["fcfs", "sjf", "priority"]), "aging_s": st.sampled_from([0.5, 30.0])}))
     return trace, dict(setting, kv_limit=limit)
 
 
@@ -66,23 +69,28 @@ def test_preemption_invariants(case, cost):
 
     # follow every cache from the log alone: the limit holds after every call, prefills tile each
     # (re)prefill from 0, no decode before its prefill ends, the preempted request is the newest holding
-    # a cache, and it frees exactly what it held
+    # a cache, it frees exactly what it held, and it resumes before any prompt not yet begun (every queue order)
     cache = {r.id: r.prompt_len for r in trace.requests if r.prefilled}  # tokens held, by request
     done = {r.id for r in trace.requests if r.prefilled}  # prefill (or recompute) finished
     emitted = defaultdict(int, {r.id: 1 for r in trace.requests if r.prefilled})
     recomputed = prefilled_tokens = 0
+    waiting, begun = set(), set()  # preempted and not resumed yet; every request whose prefill began
     for c in calls:
         if c.kind == "preempt":
             (rid,) = c.rids
             assert rid in cache and max(cache, key=order.get) == rid
             assert c.tokens == cache.pop(rid)
             done.discard(rid)
+            waiting.add(rid)
             recomputed += c.tokens
             continue
         if c.kind == "prefill":
             (rid,) = c.rids
             assert rid not in done and c.prefix == cache.get(rid, 0)
             assert c.start >= reqs[rid].arrival
+            assert rid in waiting or rid in begun or not waiting, f"{rid} began while {waiting} waited to resume"
+            waiting.discard(rid)
+            begun.add(rid)
             cache[rid] = c.prefix + c.tokens
             prefilled_tokens += c.tokens
             target = reqs[rid].prompt_len + max(0, emitted[rid] - 1)

@@ -10,7 +10,7 @@ from policies.mlxlm import MlxLm, check_version, server_command
 from sim.costmodel import LinearCostModel
 from sim.metrics import score
 from sim.replay import simulate
-from sim.state import relog
+from sim.relog import relog
 from traces.trace import Request, Trace
 
 

@@ -11,6 +11,8 @@ from sim.metrics import score
 from sim.predict import replays
 from sim.replay import simulate
 from sim.settings import setting_label
+from sim.speed import MachineSpeed
+from sim.log import EventLog
 from traces.generators import tinyllm
 
 SLOW = 1.25  # every call of the "measured" runs takes 1.25x its price: a machine at 0.8x its calibration's speed
@@ -34,16 +36,20 @@ def test_probes_read_the_machines_speed_and_the_prediction_follows_it():
     cost, trace = cost_model(prof), tinyllm(num_seqs=4, min_in=20, max_in=90, min_out=4, max_out=9, seed=3)
     setting = {"policy": "fifo"}
     runs = [measured(trace, setting, cost, SLOW, r) for r in range(3)]
-    assert probed_speed(runs[0], cost) == pytest.approx({"before": 1 / SLOW, "after": 1 / SLOW, "speed": 1 / SLOW})
+    both = {"prefill": 1 / SLOW, "decode": 1 / SLOW}
+    got = probed_speed(runs[0], cost)
+    assert [got[k] for k in ("prefill", "decode")] == pytest.approx([1 / SLOW] * 2)
+    assert got["before"] == pytest.approx(both) and got["after"] == pytest.approx(both)
     (res,) = compare(prof, trace, [setting], runs, replicas=0)
-    assert res["machine_speed"]["median"] == pytest.approx(1 / SLOW)
+    assert res["machine_speed"]["median"] == pytest.approx(both)
     assert [r["repeat"] for r in res["machine_speed"]["runs"]] == [0, 1, 2]
     # at the probed speed the prediction is the measured run (the host's time between calls is not scaled)
     for k in ("decode_gap_max_ms", "p99_itl_ms", "p50_ttft_ms", "makespan_s"):
         assert res["rel_error"][k] == pytest.approx(0, abs=0.01), k
         assert res["at_calibration_speed"]["rel_error"][k] == pytest.approx(1 / SLOW - 1, abs=0.02), k
     # the prediction is replays at that speed, and the one beside it at the calibration's
-    at_speed, _ = replays(trace, lambda: policies.make(**setting), cost, None, 0, warmup_trace(trace), 1 / SLOW)
+    at_speed, _ = replays(trace, lambda: policies.make(**setting), cost, None, 0, warmup_trace(trace),
+                          MachineSpeed(1 / SLOW, 1 / SLOW))
     assert res["predicted"]["makespan_s"] == pytest.approx(score(at_speed[0])["makespan_s"], rel=1e-12)
     plain = score(simulate(trace, policies.make(**setting), cost, warmup=warmup_trace(trace)))
     assert res["at_calibration_speed"]["predicted"]["makespan_s"] == plain["makespan_s"]
@@ -59,10 +65,33 @@ def test_runs_without_probes_are_predicted_at_the_calibrations_speed():
     assert res["rel_error"]["makespan_s"] == pytest.approx(1 / SLOW - 1, abs=0.02)
 
 
+def test_prefills_and_decodes_keep_their_own_speeds():
+    """A machine whose prefills run 1.5x their price and decodes at it (memory-bound calls spared):
+    the probes read the two apart, and the prediction of a run at them is the run."""
+    prof = load_profile(BUILTIN)
+    cost, trace = cost_model(prof), tinyllm(num_seqs=4, min_in=20, max_in=90, min_out=4, max_out=9, seed=5)
+    setting = {"policy": "chunked", "budget": 16, "batch_size": 2}
+    slow_prefills = MachineSpeed(prefill=1 / 1.5).of(cost)
+    log = simulate(trace, policies.make(**setting, cost=cost), slow_prefills, warmup=warmup_trace(trace))
+    probe = probe_trace(151_936)
+    logs = [simulate(probe, policies.make(**SETTING), slow_prefills).to_dict() for _ in range(2)]
+    run = {"label": setting_label(setting), "setting": setting, "repeat": 0, "log": log.to_dict(),
+           "probe": {"trace": probe.to_dict(), "setting": SETTING, "logs": logs}}
+    got = probe_speed([EventLog.from_dict(d) for d in logs], cost)
+    assert (got.prefill, got.decode) == pytest.approx((1 / 1.5, 1.0))
+    (res,) = compare(prof, trace, [setting], [run], replicas=0)
+    assert res["machine_speed"]["median"] == pytest.approx({"prefill": 1 / 1.5, "decode": 1.0})
+    for k in ("decode_gap_max_ms", "p50_ttft_ms", "makespan_s"):
+        assert res["rel_error"][k] == pytest.approx(0, abs=1e-6), k
+        assert res["at_calibration_speed"]["rel_error"][k] < -0.02, k  # slower prefills: a miss without the probes
+
+
 def test_probe_speed_is_the_median_of_its_calls_and_needs_pdsim_prices():
     cost = cost_model(load_profile(BUILTIN))
     probe = probe_trace(151_936)
     assert [r.prompt_len for r in probe.requests] == [32, 64]  # aligned shapes a grid times
     log = simulate(probe, policies.make(**SETTING), cost, noise=iter([2.0] * 5 + [1.0] * 100).__next__)
-    assert probe_speed([log], cost) == pytest.approx(1.0)  # a slow prefill and two slow decodes of 14 calls move no median
+    # one slow prefill of two halves the prefills' median; two slow decodes of 12 move theirs not at all
+    got = probe_speed([log], cost)
+    assert (got.prefill, got.decode) == pytest.approx((0.75, 1.0))
     assert probe_speed([log], LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), pdsim_forms=False)) is None

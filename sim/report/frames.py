@@ -168,7 +168,8 @@ def timeline_frame(log: EventLog, max_requests: int = 16, max_marks: int = 4000)
 
 
 def confirm_frame(doc: dict, metrics: list[str] | None = None) -> pd.DataFrame:
-    """Predicted vs measured (median, min, max) and relative error, per setting and metric."""
+    """Predicted vs measured (median, min, max) and relative error, per setting and metric; with the
+    runs' probed machine speed and the error at the calibration's speed where the report has them."""
     rows = []
     for r in doc["results"]:
         for m, pred in r["predicted"].items():
@@ -178,9 +179,14 @@ def confirm_frame(doc: dict, metrics: list[str] | None = None) -> pd.DataFrame:
             rel = (r.get("rel_error") or {}).get(m)  # confirm's convention: (predicted - measured) / measured
             if rel is None and meas["median"]:
                 rel = (pred - meas["median"]) / abs(meas["median"])
+            # reports since speed probes: the error of the prediction at the calibration's speed, and the probed speed
+            drift = (r.get("at_calibration_speed") or {}).get("rel_error", {}).get(m)
+            speed = (r.get("machine_speed") or {}).get("median")
             rows.append({"label": r["label"], "metric": m, "predicted": float(pred), "measured": float(meas["median"]),
                          "min": float(meas.get("min", meas["median"])), "max": float(meas.get("max", meas["median"])),
-                         "rel_error": None if rel is None else float(rel)})
+                         "rel_error": None if rel is None else float(rel),
+                         **{f"{k}_speed": (speed or {}).get(k) for k in ("prefill", "decode")},
+                         "rel_error_at_calibration_speed": None if drift is None else float(drift)})
     df = pd.DataFrame(rows)
     if df.empty:
         return df

@@ -1,0 +1,74 @@
+"""A cost model on a machine that runs at another speed than when it was calibrated.
+
+A shared machine changes speed from minute to minute, and not alike for every call: a prefill
+chunk is bound by arithmetic, a decode step by memory bandwidth, so a neighbour's memory traffic
+slows decodes more than prefills (on the 2-vCPU VM pdsim is built on, speed probes a few seconds
+apart read prefills at 1.04x and decodes at 1.19x the calibration's speed). A confirm measures
+both around each run (`calibrate.speed_probe`) and predicts the run at them (`sim.predict`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from sim.costmodel import CostModel
+
+
+@dataclass(frozen=True)
+class MachineSpeed:
+    """Predicted over measured call time, per kind: above 1 the machine runs faster than at its
+    calibration. `prefill`: prompt chunks (mlx-lm's prompt calls); `decode`: every other call
+    (decode steps, batch rebuilds, KV copies, mlx-lm's first forwards and steps)."""
+    prefill: float = 1.0
+    decode: float = 1.0
+
+    def of(self, cost: CostModel) -> CostModel:
+        """`cost` with every call's price divided by its kind's speed."""
+        return cost if (self.prefill, self.decode) == (1.0, 1.0) else AtSpeed(cost, self)
+
+    def to_json(self) -> dict:
+        return {"prefill": self.prefill, "decode": self.decode}
+
+
+class AtSpeed:
+    """A cost model's prices at a `MachineSpeed`; everything else (the memory model, the host's
+    time between calls, KV sizes) is the cost model's own."""
+
+    def __init__(self, cost: CostModel, speed: MachineSpeed):
+        self.cost, self.speed = cost, speed
+
+    def __getattr__(self, name: str):
+        return getattr(self.cost, name)
+
+    @property
+    def copy(self) -> float:
+        return self.cost.copy / self.speed.decode
+
+    @property
+    def fresh(self) -> float:
+        return self.cost.fresh / self.speed.decode
+
+    def prefill(self, chunk: int, prefix: int) -> float:
+        return self.cost.prefill(chunk, prefix) / self.speed.prefill
+
+    def prefill_steps(self, chunk: int, prefix: int, steps: int) -> np.ndarray:
+        return self.cost.prefill_steps(chunk, prefix, steps) / self.speed.prefill
+
+    def decode(self, contexts: Sequence[int], single: bool = False) -> float:
+        return self.cost.decode(contexts, single) / self.speed.decode
+
+    def decode_steps(self, contexts: Sequence[int], steps: int, single: bool = False) -> np.ndarray:
+        return self.cost.decode_steps(contexts, steps, single) / self.speed.decode
+
+    def membership(self, joined: int, left: int, contexts: Sequence[int]) -> float:
+        return self.cost.membership(joined, left, contexts) / self.speed.decode
+
+    def mlx_lm_call(self, kind: str, tokens: int, idx: int, contexts: Sequence[int], written: int,
+                    fresh: int) -> float:
+        speed = self.speed.prefill if kind == "prompt" else self.speed.decode
+        return self.cost.mlx_lm_call(kind, tokens, idx, contexts, written, fresh) / speed
+
+    def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
+        return self.cost.generate_steps(contexts, steps) / self.speed.decode
