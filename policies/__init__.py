@@ -51,7 +51,8 @@ OPTION_HELP = {
     "kv_limit": "KV-cache limit, tokens (4096, 4096tok) or memory (2GB, 0.5GB, 1GiB; via the model's bytes per KV "
                 "token); a request is admitted when its cache fits, the newest is preempted and recomputed when "
                 "decodes outgrow it (vLLM's default; a preempted request resumes before new prompts in every queue "
-                "order); default: no limit (fifo, eager, chunked; not mlx-lm)",
+                "order); default: what the device holds beside the weights (a calibrated profile's record; no limit "
+                "with the built-in profile) (fifo, eager, chunked; not mlx-lm)",
     "queue": "which waiting prompt starts next: fcfs (arrival order) | sjf (shortest prompt first) | priority "
              "(earliest deadline first: arrival + the request's class TTFT target, --class-slo CLASS:ttft=MS) "
              "(fifo, eager, chunked; mlx-lm's BatchGenerator is FIFO only)",

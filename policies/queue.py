@@ -11,11 +11,12 @@ request, so one option orders all three, in the simulator and on the real engine
 
 Why a started prefill is always finished first: a partly prefilled prompt holds its KV cache, and
 switching to another would keep two partial caches resident; vLLM likewise schedules running
-requests before waiting ones. So the order decides which prompt starts next, never interrupts one. A request preempted by a KV
-limit (`sim.kvlimit`) resumes before any prompt that has not begun, in every order: it has
-emitted tokens already (a client mid-stream) and its recompute is owed; vLLM's default scheduler
-likewise puts a preempted request back at the front of its waiting queue. A prompt that does not
-fit the limit waits at the front; later prompts wait behind it (no overtaking).
+requests before waiting ones. So the order decides which prompt starts next, never interrupts
+one. A request preempted by a KV limit (`sim.kvlimit`) resumes before any prompt that has not
+begun, in every order: it has emitted tokens already (a client mid-stream) and its recompute is
+owed; vLLM's default scheduler likewise puts a preempted request back at the front of its
+waiting queue. A prompt that does not fit the limit waits at the front; later prompts wait
+behind it (no overtaking).
 
 Why an aging bound (`aging_s`, seconds): sjf starves long prompts and priority starves requests
 without a deadline while shorter or tighter ones keep arriving. A request that has waited longer

@@ -20,7 +20,8 @@ SETTINGS = [
     {"policy": "eager", "batch_size": 4, "kv_limit": 120},
     {"policy": "chunked", "budget": 16, "batch_size": 3, "decode": "single", "order": "decode-first",
      "kv_limit": 120},  # preempts a request in the middle of its prefill
-    {"policy": "chunked", "budget": 16, "batch_size": 4, "kv_limit": 100, "queue": "sjf"},  # preempted ones resume first
+    # sjf: a preempted request resumes before the shorter prompts waiting
+    {"policy": "chunked", "budget": 16, "batch_size": 4, "kv_limit": 100, "queue": "sjf"},
 ]
 COST = LinearCostModel((1e-3, 1e-5, 1e-8), (1e-3, 1e-4, 1e-7), copy=1e-6, fresh=1e-6)
 
@@ -44,7 +45,8 @@ def unlimited(engine, trace):
     return engine.run(trace, policies.make("eager", batch_size=4)).outputs
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: f"{s['policy']}-{s.get('decode', 'batched')}-{s.get('queue', 'fcfs')}")
+@pytest.mark.parametrize("setting", SETTINGS,
+                         ids=lambda s: f"{s['policy']}-{s.get('decode', 'batched')}-{s.get('queue', 'fcfs')}")
 def test_preemptions_are_the_simulators_and_recompute_keeps_the_tokens(engine, trace, unlimited, setting):
     """Every request at t=0: the decisions do not depend on time, so the real engine makes the
     simulator's calls, preemptions included, with the same tokens freed; the real log relogged

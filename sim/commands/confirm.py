@@ -85,9 +85,10 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
         print(table(rows, cols, ["metric", "predicted", "replays min..max", "measured (median)", "min..max",
                                  "rel. error", "at calib. speed"][:len(cols)]))
         if speed:
+            runs = [p for p in res["machine_speed"]["runs"] if p.get("prefill")]
             print("machine speed against the calibration, prefill/decode (speed probes before and after each run): "
-                  + " ".join(f"r{p['repeat']} {p['prefill']:.2f}/{p['decode']:.2f}" for p in res["machine_speed"]["runs"]
-                             if p.get("prefill")) + f"; predicted at {speed['prefill']:.2f}/{speed['decode']:.2f}")
+                  + " ".join(f"r{p['repeat']} {p['prefill']:.2f}/{p['decode']:.2f}" for p in runs)
+                  + f"; predicted at {speed['prefill']:.2f}/{speed['decode']:.2f}")
         speeds = {r["repeat"]: r["pred_over_meas"] for r in res.get("run_speed", ()) if r["pred_over_meas"]}
         if speeds:
             spread = max(speeds.values()) / min(speeds.values()) - 1

@@ -142,11 +142,13 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
         about = ("Each setting the confirm report re-ran on the real engine: the simulator's prediction against the "
                  "median of the measured repeats (whiskers: min and max)."
                  + (" Predicted at the machine's speed the probes around each run measured (prefill_speed, "
-                    "decode_speed: predicted/measured of their calls); the error at the calibration's speed beside it." if probed else ""))
+                    "decode_speed: predicted/measured of their calls); the error at the calibration's speed "
+                    "beside it." if probed else ""))
         secs.append(Section("confirm", "Predicted vs measured", about, confirm_chart(cf) if len(cf) else None,
                             "" if len(cf) else "the confirm report has no metric both predicted and measured",
                             _html_table(cf.to_dict("records"), ["label", "metric", "predicted", "measured", "rel_error"]
-                                        + (["prefill_speed", "decode_speed", "rel_error_at_calibration_speed"] if probed else []))
+                                        + (["prefill_speed", "decode_speed", "rel_error_at_calibration_speed"]
+                                           if probed else []))
                             if len(cf) else ""))
         if len(cf) and cf["rel_error"].notna().any():
             secs.append(Section("confirm_error", "Prediction error", "Relative error of each prediction.",

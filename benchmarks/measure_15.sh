@@ -1,0 +1,37 @@
+#!/bin/bash
+# Issue 15's measurement: what a user runs first, `bash .ci/install && pdsim tune`, in two fresh
+# clones of this checkout's HEAD (two calibrations, so the spread between them shows), then the
+# README's two seed experiments and the gamma workload with the second calibration; every confirm
+# probes the machine's speed around each run (`calibrate/speed_probe.py`). On a quiet machine
+# (about 70 minutes on 2 cores). Clones, venvs and reports under $OUT (default /tmp/pdsim-m15);
+# the summary table: `python3 benchmarks/measure_15_table.py $OUT`.
+set -u
+OUT=${OUT:-/tmp/pdsim-m15}
+HERE="$(cd "$(dirname "$0")/.." && pwd)"
+mkdir -p "$OUT"
+export CI=true
+for n in A B; do
+  rm -rf "$OUT/$n" "$OUT/venv$n"
+  git clone -q "$HERE" "$OUT/$n"
+  python3 -m venv "$OUT/venv$n"
+  echo "tune $n start $(date)"
+  ( cd "$OUT/$n" && source "$OUT/venv$n/bin/activate" && \
+    /usr/bin/time -f "%e s" bash -c 'bash .ci/install && pdsim tune' > "$OUT/tune$n.log" 2>&1 )
+  echo "tune $n rc=$? $(date)"
+done
+cd "$OUT/B" && source "$OUT/venvB/bin/activate"
+P=profiles/qwen3-0.6b-cpu.json
+pdsim confirm --profile $P --trace tinyllm --min-in 16 --max-in 128 \
+  --min-out 8 --max-out 8 --policy chunked --budget 8 32 128 --batch-size 4 --repeats 4 \
+  -o runs/confirm-tinyllm.json > "$OUT/tinyllm.log" 2>&1
+echo "tinyllm rc=$? $(date)"
+pdsim confirm --profile $P --trace metile --prompt-len 256 --output-len 32 \
+  --setting fifo eager chunked:budget=16,order=decode-first --decode single --repeats 3 \
+  -o runs/confirm-metile.json > "$OUT/metile.log" 2>&1
+echo "metile rc=$? $(date)"
+pdsim traces gen gamma --num-requests 12 --rate 1.5 --burstiness 1/3 --min-in 9 --max-in 333 \
+  --min-out 3 --max-out 21 --seed 7 -o runs/gamma12.jsonl
+pdsim confirm --profile $P --trace runs/gamma12.jsonl \
+  --setting chunked:budget=32,batch_size=4 eager:batch_size=4 --repeats 3 -o runs/confirm-gamma.json \
+  > "$OUT/gamma.log" 2>&1
+echo "gamma rc=$? $(date)"

@@ -1,0 +1,35 @@
+"""The summary table of `benchmarks/measure_15.sh`'s reports: per setting, the probed machine
+speed, the median |relative error| of the six aggregates at the probed speed and at the
+calibration's, and the tails. `python3 benchmarks/measure_15_table.py OUT`."""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+SIX = ["decode_gap_p50_ms", "decode_gap_p95_ms", "p50_ttft_ms", "p95_ttft_ms", "output_throughput", "makespan_s"]
+TAILS = ["decode_gap_max_ms", "max_itl_ms", "p99_itl_ms"]
+REPORTS = {"tune 1": "A/runs/tune-qwen3-0.6b-cpu/confirm.json", "tune 2": "B/runs/tune-qwen3-0.6b-cpu/confirm.json",
+           "tiny-llm seed": "B/runs/confirm-tinyllm.json", "meTile seed": "B/runs/confirm-metile.json",
+           "gamma": "B/runs/confirm-gamma.json"}
+
+
+def main(out: Path) -> None:
+    print("| runs | setting | speed, prefill / decode | six aggregates: probed / calibration's | "
+          + " | ".join(TAILS) + " |")
+    print("|---|---|---|---:|" + "---:|" * len(TAILS))
+    for name, rel in REPORTS.items():
+        path = out / rel
+        if not path.exists():
+            continue
+        for r in json.loads(path.read_text())["results"]:
+            calib = r["at_calibration_speed"]["rel_error"]
+            med = lambda e: statistics.median(abs(e[k]) for k in SIX)
+            sp = r["machine_speed"]["median"] or 1.0
+            sp = sp if isinstance(sp, dict) else {"prefill": sp, "decode": sp}  # reports of one speed for all calls
+            tails = " | ".join(f"{r['rel_error'][k]:+.0%} ({calib[k]:+.0%})" for k in TAILS)
+            print(f"| {name} | {r['label']} | {sp['prefill']:.2f} / {sp['decode']:.2f} | "
+                  f"{med(r['rel_error']):.1%} / {med(calib):.1%} | {tails} |")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/pdsim-m15"))
