@@ -2,9 +2,9 @@
 it predicts peaks it has not seen.
 
 The grid's prefill and decode points carry `peak_extra`: how far MLX's memory in use rose above
-what was in use before the timed call (`calibrate.profiler._measured`). Of that, the KV arrays the
-call allocated are known (`written` token-rows at `kv_bytes_per_token` each); the rest is the
-call's activations, fitted by a non-negative least squares in bytes on the forms of
+what was in use before the timed call (`calibrate.profiler._measured`). Of that, what the call
+added to its cache's buffer is known (`grown` token-rows at `kv_bytes_per_token` each: the
+growth, not the rows copied); the rest is the call's activations, fitted by a non-negative least squares in bytes on the forms of
 `sim.memory` (bytes, not relative error: the largest calls set a run's peak). Errors, as for the
 cost terms: on a seeded quarter of the points held out of one fit and by 4-fold
 cross-validation, each relative to the measured rise; and, the figure a user reads, the whole
@@ -19,6 +19,7 @@ import statistics
 import numpy as np
 from scipy.optimize import lsq_linear
 
+from sim.kvcache import STEP, write
 from sim.log import EventLog
 from sim.memory import MemoryModel, decode_features, kv_bytes_per_token, prefill_features
 from sim.relog import relog
@@ -50,16 +51,26 @@ def _points(samples: list[dict], step: str) -> list[dict]:
     return [s for s in samples if s["step"] == step and "source" not in s and "peak_extra" in s]
 
 
+def grown(s: dict) -> int:
+    """Token-rows a grid point's call added to its cache's buffer: a prefill at offset P starts from
+    a buffer of the profiler's sliced capacity (`calibrate.profiler.sliced`; none at offset 0); a
+    decode's buffers have room. Memory in use rises by the growth, not by the rows copied."""
+    if s["step"] != "prefill" or not s.get("written"):
+        return 0
+    cap = (s["prefix"] // STEP + 1) * STEP if s["prefix"] else 0
+    return write(cap, s["prefix"], s["chunk"])[0] - cap
+
+
 def _fit(step: str, pts: list[dict], kv: float) -> np.ndarray:
     X = np.array([_features(step, s) for s in pts], float)
-    y = np.array([s["peak_extra"] - kv * s.get("written", 0) for s in pts], float)
+    y = np.array([s["peak_extra"] - kv * grown(s) for s in pts], float)
     scale = np.maximum(np.abs(X).max(axis=0), 1.0)  # columns of bytes per token and per score differ by 1e6
     return lsq_linear(X / scale, y, bounds=(0.0, np.inf)).x / scale
 
 
 def _rel(step: str, coef: np.ndarray, pts: list[dict], kv: float) -> np.ndarray:
     """|predicted - measured| / measured rise, per point."""
-    pred = np.array([float(np.dot(coef, _features(step, s))) + kv * s.get("written", 0) for s in pts])
+    pred = np.array([float(np.dot(coef, _features(step, s))) + kv * grown(s) for s in pts])
     meas = np.array([max(s["peak_extra"], 1) for s in pts], float)
     return np.abs(pred - meas) / meas
 

@@ -4,14 +4,17 @@ On a Mac the KV cache and the weights share unified memory, so the peak of a run
 user asks before the latency. The model prices a call's peak as what the engine holds when the
 call starts, plus what the call allocates:
 
-    peak(call) = weights + kv_bytes_per_token * (held + written) + activations(call)
+    peak(call) = weights + kv_bytes_per_token * (held + grown) + activations(call)
 
 - `held`: token-rows of KV buffer resident before the call, by the buffers' capacities as
   `sim.kvcache` follows them (mlx-lm grows caches in 256-token steps, so a request holding 300
   tokens holds a 512-token buffer); every request's own cache counts while it lives (the executor
   keeps it while the request decodes in the batch cache) and so does every batch cache;
-- `written`: token-rows of the KV arrays the call allocates (growth, pad, concatenate, gather):
-  the old buffer and the new one are both alive while the copy runs;
+- `grown`: token-rows the call adds to what is held (a buffer grown, a batch cache rebuilt
+  larger), not the rows it copies: the calibration's grid measures memory in use rising by the
+  growth (a chunk of 8 that grows a 256-row buffer to 506 rows: 62.5 MB, 250 rows and 4 MB of
+  temporaries, where the 506 rows copied would be 116 MB), and counting the copies priced the
+  activations at 0 and whole peaks 10-21% high;
 - `activations`: the call's temporaries, a form in its shape fitted to the calibration's measured
   peaks (`mx.get_peak_memory` above the memory active before the call):
   prefill of L tokens at offset P `a0 + a1*L + a2*L*(P + L) + a3*P` (hidden states and MLP rows per
@@ -94,10 +97,10 @@ class MemoryModel:
         f = decode_features(len(contexts), max(contexts) if contexts else 0)
         return sum(c * x for c, x in zip(self.decode, f))
 
-    def call_peak(self, held: int, written: int, kind: str, tokens: int, prefix: int,
+    def call_peak(self, held: int, grown: int, kind: str, tokens: int, prefix: int,
                   contexts: Sequence[int]) -> float:
         """Bytes in use at the peak of one call (see the module's formula)."""
-        return self.weights + self.kv_token * (held + written) + self.activations(kind, tokens, prefix, contexts)
+        return self.weights + self.kv_token * (held + grown) + self.activations(kind, tokens, prefix, contexts)
 
     def to_dict(self) -> dict:
         return {"weights_bytes": self.weights, "kv_bytes_per_token": self.kv_token,
@@ -122,10 +125,10 @@ class PeakMemory:
         self.peak = 0.0
         self.at: tuple | None = None  # the call that set it: (kind, tokens, prefix, held, written)
 
-    def call(self, held: int, written: int, kind: str, tokens: int, prefix: int, contexts: Sequence[int]) -> None:
-        b = self.model.call_peak(held, written, kind, tokens, prefix, contexts)
+    def call(self, held: int, grown: int, kind: str, tokens: int, prefix: int, contexts: Sequence[int]) -> None:
+        b = self.model.call_peak(held, grown, kind, tokens, prefix, contexts)
         if b > self.peak:
-            self.peak, self.at = b, (kind, tokens, prefix, held, written)
+            self.peak, self.at = b, (kind, tokens, prefix, held, grown)
 
 
 def profile_kv_bytes(prof: Mapping) -> int | None:

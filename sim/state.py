@@ -358,7 +358,7 @@ class EngineState:
             held = self.kv.resident() if self.memory is not None else 0
             _, (written, fresh) = self._kv_apply(work, s.prefilled)
             if self.memory is not None:
-                self._peak(held, written, "prefill", work.tokens, s.prefilled, ())
+                self._peak(held, self._grown(held), "prefill", work.tokens, s.prefilled, ())
             self.log.add(Call("prefill", start, end, (work.rid,), work.tokens, s.prefilled,
                               iteration=self.iteration, written=written, fresh=fresh))
             s.prefilled += work.tokens
@@ -385,7 +385,7 @@ class EngineState:
         (sync_written, sync_fresh), (written, fresh) = self._kv_apply(work, 0)
         contexts = tuple(s.req.prompt_len + s.generated for s in states)
         if self.memory is not None:
-            self._peak(held, sync_written + written, "decode", len(states), 0, contexts)
+            self._peak(held, self._grown(held), "decode", len(states), 0, contexts)
         if (joined or left) and synced is not None:  # the batch cache's rebuild, a call of its own
             if not start <= synced <= end:
                 raise EngineError(f"sync ends at {synced}, outside its call [{start}, {end}]")
@@ -480,7 +480,7 @@ class EngineState:
                 s = self.queued[w.rid]
                 _, (written, fresh) = self._kv_apply(w, s.prefilled)  # the later chunks fit (sim.steady)
                 if self.memory is not None:  # the first chunk allocates, the last holds that and attends the most
-                    self._peak(held, written, "prefill", w.tokens, s.prefilled, ())
+                    self._peak(held, self._grown(held), "prefill", w.tokens, s.prefilled, ())
                     self._peak(self.kv.resident(), 0, "prefill", w.tokens, s.prefilled + (steps - 1) * w.tokens, ())
                 columns.append(Column("prefill", (w.rid,), w.tokens, s.prefilled, begin, end, written, True, fresh))
                 s.prefilled += steps * w.tokens
@@ -492,7 +492,7 @@ class EngineState:
             _, (written, fresh) = self._kv_apply(w, 0)
             if self.memory is not None:  # the first step allocates, the last holds that and attends the most
                 first = tuple(s.context for s in states)
-                self._peak(held, written, "decode", len(states), 0, first)
+                self._peak(held, self._grown(held), "decode", len(states), 0, first)
                 self._peak(self.kv.resident(), 0, "decode", len(states), 0, tuple(c + steps - 1 for c in first))
             columns.append(Column("decode", w.rids, len(w.rids), [s.context for s in states], begin, end,
                                   written, w.batched, fresh))
@@ -533,9 +533,16 @@ class EngineState:
         self._returned = (-1, [])
         return column
 
-    def _peak(self, held: int, written: int, kind: str, tokens: int, prefix: int, contexts) -> None:
-        """A call's peak memory into the run's (`sim.memory`), and the run's so far onto the log."""
-        self.memory.call(held, written, kind, tokens, prefix, contexts)
+    def _grown(self, held: int) -> int:
+        """Token-rows of KV buffer a call just added to the `held` before it: what MLX's memory in use
+        rose by (a buffer grown from 256 to 506 rows rises by 250, not by the 506 it copies)."""
+        return max(0, self.kv.resident() - held)
+
+    def _peak(self, held: int, grown: int, kind: str, tokens: int, prefix: int, contexts) -> None:
+        """A call's peak memory into the run's (`sim.memory`), and the run's so far onto the log.
+        pdsim's calls pass what they added to the buffers (`_grown`); mlx-lm's lazy rebuilds pass
+        the rows they copy (their old and new batches are alive together; not measured apart)."""
+        self.memory.call(held, grown, kind, tokens, prefix, contexts)
         self.log.peak_memory = self.memory.peak
 
     def _ready_or_finish(self, s: RequestState) -> None:

@@ -191,22 +191,16 @@ def test_unaligned_chunks_can_hold_a_larger_buffer():
     assert one - three == MEM.kv_token  # the peak is the first decode's, over the request's own buffer
 
 
-def test_smaller_chunks_copy_longer_caches_when_they_grow():
-    """One 1,024-token prompt: a 256-token budget grows the cache at offsets 256, 512 and 768 (the
-    last growth holds 768 rows and writes 1,024), a 1,024-token budget writes 1,024 rows once. With
-    KV rows dominating the activations (Qwen3-0.6B: 229 KB a row), the smaller chunk peaks higher."""
+def test_smaller_chunks_peak_lower_by_their_activations():
+    """One 1,024-token prompt: a 256-token budget grows the cache at offsets 256, 512 and 768, each
+    growth adding 256 rows to what is held (memory rises by the growth, as the calibration's grid
+    measures it: 62.5 MB for a chunk of 8 growing a 256-row buffer to 506 rows, not the 506 rows
+    copied); a 1,024-token budget allocates 1,024 rows at once. Both end holding 1,024 rows, so the
+    smaller chunk peaks lower by exactly its smaller activations."""
     trace = Trace([Request("0", 0.0, 1024, 1)])
     small, big = (_peak(trace, {"policy": "chunked", "budget": b, "batch_size": 1}) for b in (256, 1024))
-    assert small - big == MEM.kv_token * 768 - (MEM.prefill[1] * 768 + MEM.prefill[2] * (1024 * 1024 - 256 * 1024)
-                                                 - MEM.prefill[3] * 768)
-
-
-def test_a_smaller_batch_can_pad_a_later_join_to_a_longer_buffer():
-    """Eager at batch 3 makes the fourth request join a batch cache whose rows grew meanwhile:
-    the rebuild pads every row to the longer buffer, more than batch 4 ever holds at once."""
-    trace = Trace([Request(str(i), 0.0, p, o) for i, (p, o) in enumerate([(232, 12), (377, 7), (149, 4), (295, 4)])])
-    three, four = (_peak(trace, {"policy": "eager", "batch_size": n}) for n in (3, 4))
-    assert three > four
+    assert small - big == MEM.prefill[1] * (256 - 1024) + MEM.prefill[2] * (256 * 1024 - 1024 * 1024) \
+        + MEM.prefill[3] * 768
 
 
 @settings(max_examples=60, deadline=None)
