@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import statistics
 
+import policies
+
+from calibrate.executor import RealEngine
 from sim.costmodel import CostModel
 from sim.log import EventLog
 from sim.residuals import call_ratios
@@ -43,3 +46,19 @@ def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
     if not prefill or not decode:
         return None
     return MachineSpeed(statistics.median(prefill), statistics.median(decode))
+
+
+class Probe:
+    """The machine's speed just before and just after a timed run (`calibrate.speed_probe`), on an
+    engine of its own, so the run's engine state is the one the warm-up left; `on`: the spec asks
+    for it (confirm does, with a profile that prices pdsim's engine; a calibration's runs do not)."""
+
+    def __init__(self, lm, on: bool):
+        self.engine, self.trace, self.logs, self.on = RealEngine(lm), probe_trace(lm.vocab_size), [], on
+
+    def run(self) -> None:
+        if self.on:
+            self.logs.append(self.engine.run(self.trace, policies.make(**SETTING)).log.to_dict())
+
+    def result(self) -> dict:
+        return {"trace": self.trace.to_dict(), "setting": SETTING, "logs": self.logs}

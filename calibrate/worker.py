@@ -16,7 +16,7 @@ import policies
 from calibrate.executor import RealEngine
 from calibrate.host import host_info
 from calibrate.model import build_as_profiled
-from calibrate.speed_probe import SETTING as PROBE, probe_trace
+from calibrate.speed_probe import Probe
 from sim.costmodel import cost_model
 from sim.files import atomic_write_json
 from traces.trace import Request, Trace, load_jsonl
@@ -55,22 +55,6 @@ def run_spec(spec: dict) -> dict:
     return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
             "wall_s": wall, "host": host_info(), "setting": spec["setting"], "probe": probe.result(),
             "trace_sha256": trace.sha256(), "warmup": spec.get("warmup", 1)}  # what was measured, to resume by
-
-
-class Probe:
-    """The machine's speed just before and just after a timed run (`calibrate.speed_probe`), on an
-    engine of its own, so the run's engine state is the one the warm-up left; `on`: the spec asks
-    for it (confirm does, with a profile that prices pdsim's engine; a calibration's runs do not)."""
-
-    def __init__(self, lm, on: bool):
-        self.engine, self.trace, self.logs, self.on = RealEngine(lm), probe_trace(lm.vocab_size), [], on
-
-    def run(self) -> None:
-        if self.on:
-            self.logs.append(self.engine.run(self.trace, policies.make(**PROBE)).log.to_dict())
-
-    def result(self) -> dict:
-        return {"trace": self.trace.to_dict(), "setting": PROBE, "logs": self.logs}
 
 
 def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
