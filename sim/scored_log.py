@@ -14,6 +14,7 @@ Memory: the trace's request table, the requests in flight, and the tally's bound
 from __future__ import annotations
 
 from operator import sub
+from typing import Callable
 
 from sim.log import DECODE_KINDS, Call, Stretch
 from sim.tally import RequestTable, Slo, Tally
@@ -42,7 +43,7 @@ class _InFlight(dict):
 
 class ScoredLog:
     def __init__(self, trace: Trace, slo: Slo | None = None, stall_ms: float = 100.0, keep_rows: bool = False,
-                 writer=None) -> None:
+                 writer=None, on_done: Callable[[], object] | None = None) -> None:
         self.table = RequestTable.of(trace.requests)
         self.tally = Tally(self.table, slo, stall_ms, keep_rows=keep_rows)
         self.requests = _Ignored()
@@ -50,6 +51,7 @@ class ScoredLog:
         self.index = {rid: i for i, rid in enumerate(self.table.ids)}
         self.outputs = self.table.output_len.tolist()
         self.writer = writer
+        self.on_done = on_done  # called as each request is tallied (a progress bar's `update`)
         self._last_prefill: str | None = None  # its first token is logged after the call (`EngineState.apply`)
         # an mlx-lm generation step (iteration, end, rids): it completes, and its tokens are emitted,
         # when its next() returns, at the end of its iteration's last call (`EventLog.decode_ends`)
@@ -129,6 +131,8 @@ class ScoredLog:
         if self.writer is not None:
             self.writer.tokens(i, times)
         dict.__delitem__(self.tokens, rid)
+        if self.on_done is not None:
+            self.on_done()
 
     # ---- the result -------------------------------------------------------------------------
 
@@ -152,10 +156,11 @@ class ScoredLog:
 
 
 def simulate_scored(trace: Trace, policy, cost, slo: Slo | None = None, stall_ms: float = 100.0,
-                    keep_rows: bool = False, writer=None) -> Tally:
+                    keep_rows: bool = False, writer=None, on_done: Callable[[], object] | None = None) -> Tally:
     """Replay `trace` and tally it as it runs (`sim.replay.simulate` with a `ScoredLog`): the
-    metrics of `sim.metrics.score`, in memory that does not grow with the run's calls."""
+    metrics of `sim.metrics.score`, in memory that does not grow with the run's calls.
+    `on_done`: called as each request finishes."""
     from sim.replay import simulate
-    log = ScoredLog(trace, slo, stall_ms, keep_rows, writer)
+    log = ScoredLog(trace, slo, stall_ms, keep_rows, writer, on_done)
     simulate(trace, policy, cost, log=log)
     return log.close()

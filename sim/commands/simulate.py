@@ -10,6 +10,8 @@ import argparse
 import math
 from pathlib import Path
 
+from tqdm import tqdm
+
 import policies
 from sim.commands.common import (add_policy_args, add_profile_args, add_slo_args, add_trace_args, check_kv_limits,
                                  check_traces_fit, cost_from_args, settings_from_args, slo_from_args,
@@ -61,14 +63,18 @@ def run(args: argparse.Namespace) -> int:
     if setting.get("queue") == "priority" and not any(r.ttft_slo_ms is not None for r in trace.requests):
         print("note: queue priority with no TTFT target in the trace (--class-slo CLASS:ttft=MS): "
               "no request has a deadline, so the order is arrival order")
+    # a long trace replays for minutes: a bar over requests served, shown only after 2 s
+    bar = tqdm(total=len(trace), desc="simulating", unit="req", delay=2, smoothing=0, mininterval=1)
     try:
         tally = simulate_scored(trace, policies.make(**setting, cost=cost), cost, slo, args.stall_ms,
                                 keep_rows=len(trace) <= SHOWN_REQUESTS or writer is not None or has_classes,
-                                writer=writer)
+                                writer=writer, on_done=bar.update)
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
+    finally:
+        bar.close()
     m, estimated = tally.result(), tally.estimated()
     print(f"trace {trace.meta.get('source')} ({len(trace)} requests, sha256 {sha[:12]}), "
           f"{setting_label(setting)}, profile {prof['model']['name']} on {prof['device'].get('name', '?')}")
