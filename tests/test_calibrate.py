@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from calibrate.calibration import add_rounds, calibrate
-from calibrate.grid import TINY
+from calibrate.grid import QUICK, TINY, Grid
 from calibrate.model import build_model
 from calibrate.kernels import DecodeBatch
 from calibrate.profiler import ONCE, batch_cache, master_cache, run_grid, sliced
@@ -78,6 +78,17 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     # an existing profile is not overwritten
     code, _, err = pdsim("calibrate", "--model", "qwen3-tiny", "--grid", "tiny", "-o", str(out))
     assert code == 2 and "exists" in err
+
+
+def test_grids_time_unaligned_shapes_and_long_chunks_after_no_prefix_only_when_asked():
+    full = Grid(chunks=[8, 64, 256], offsets=[0, 250], batches=[1], contexts=[10], odd_chunks=[37])
+    trimmed = Grid(**{**full.to_dict(), "offset_chunk_max": 64})
+    at = lambda g: {(p["prefix"], p["chunk"]) for p in g.points() if p["step"] == "prefill"}
+    assert at(full) - at(trimmed) == {(250, 256)} and (0, 256) in at(trimmed) and (0, 37) in at(trimmed)
+    quick = at(QUICK)
+    assert {c for o, c in quick if o == 0} >= {256} and max(c for o, c in quick if o) < 256
+    assert sum(c % 16 != 0 for _, c in quick) >= len(quick) // 3  # most engine chunks are unaligned
+    assert {o for o, _ in quick} == set(QUICK.offsets)
 
 
 def test_interrupted_calibration_resumes(tmp_path):

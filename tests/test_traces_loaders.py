@@ -321,13 +321,16 @@ BAD = {
     "mooncake_field": ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 5, "input_length": 5}\n',
                        r"line 2: missing field 'output_length'"),
     "json": ('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 5,\n', r"line 2: not JSON"),
+    "json_array": ("[1, 2]\n", r"line 1: expected a JSON object"),
+    "json_nested": ("[" * 200 + "]" * 200 + "\n", r"line 1: JSON nested too deeply"),
+    "jsonl_of_csv": ("arrival,prompt_len\n0,5\n", r"line 1: not JSON"),  # a .jsonl file is read as JSON lines
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_malformed_input_names_file_line_and_problem(tmp_path, case, capsys):
     text, pattern = BAD[case]
-    suffix = ".jsonl" if text.startswith("{") else ".csv"
+    suffix = ".jsonl" if text.startswith(("{", "[")) or case.startswith("jsonl") else ".csv"
     p = write(tmp_path, case + suffix, text)
     with pytest.raises(TraceError, match=pattern) as e:
         load_file(p)

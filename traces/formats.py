@@ -363,8 +363,8 @@ def detect(path: str | Path) -> str:
             raise not_text(path, "trace", e, TraceError) from None
     if first is None:
         raise TraceError(f"{path}: empty file")
-    if first.lstrip().startswith("{"):
-        return _detect_json(first, path, line)
+    if first.lstrip().startswith(("{", "[")) or path.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        return _detect_json(first, path, line)  # JSON lines, and what a JSON-lines file should have been
     try:
         header = next(csv.reader([first]))
     except csv.Error as e:
