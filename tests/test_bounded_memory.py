@@ -46,11 +46,13 @@ def test_tallied_as_it_runs_equals_scoring_the_whole_log(setting, name):
 
 def test_a_scored_log_holds_only_requests_in_flight():
     trace = poisson(num_requests=200, rate=4.0, seed=1)
-    log = ScoredLog(trace)
+    in_flight = []  # when each request is tallied (`simulate`'s progress bar counts these), how many others are
+    log = ScoredLog(trace, on_done=lambda: in_flight.append(len(log.tokens)))
     simulate(trace, policies.make(policy="chunked", budget=64, batch_size=4), COST, log=log)
     assert log.call_count > 1000
     tally = log.close()
-    assert len(log.tokens) == 0 and tally.result()["completed"] == 200
+    assert len(log.tokens) == 0 and tally.result()["completed"] == 200 == len(in_flight)
+    assert max(in_flight) <= 4  # the batch, less the request just done, and one that emitted its first token
 
 
 def test_memory_does_not_follow_the_calls():
