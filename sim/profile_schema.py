@@ -328,7 +328,7 @@ def check_grid(w: _Where, grid) -> None:
     else:
         flat, optional = GRID_LISTS + ("singles",), ("odd_chunks", "singles")
         nested = {"mixed": (1, "contexts")}
-    extra = sorted(set(grid) - set(flat) - set(nested) - {"repeats", "warmup"})
+    extra = sorted(set(grid) - set(flat) - set(nested) - {"repeats", "warmup", "offset_chunk_max"})
     if extra:
         raise w.fail("grid", f"has unknown field(s) {', '.join(extra)}")
     for key in flat:
@@ -346,6 +346,8 @@ def check_grid(w: _Where, grid) -> None:
         for i, m in enumerate(v):
             for j, x in enumerate(m):
                 _whole(w, x, f"grid.{key}[{i}][{j}]", lo)
+    if grid.get("offset_chunk_max") is not None:
+        _whole(w, grid["offset_chunk_max"], "grid.offset_chunk_max", 1)
     for key in ("repeats", "warmup"):
         if key in grid:
             _whole(w, grid[key], f"grid.{key}", 1 if key == "repeats" else 0, 1000)
