@@ -1,6 +1,7 @@
 """The summary table of `benchmarks/measure_15.sh`'s reports: per setting, the probed machine
 speed, the median |relative error| of the six aggregates at the probed speed and at the
-calibration's, and the tails. `python3 benchmarks/measure_15_table.py OUT`."""
+calibration's, and the tails. `python3 benchmarks/measure_15_table.py OUT [FIRST SECOND]`: FIRST and
+SECOND name the two clones under OUT (default A B); the seed and gamma runs are the second's."""
 import json
 import statistics
 import sys
@@ -8,16 +9,18 @@ from pathlib import Path
 
 SIX = ["decode_gap_p50_ms", "decode_gap_p95_ms", "p50_ttft_ms", "p95_ttft_ms", "output_throughput", "makespan_s"]
 TAILS = ["decode_gap_max_ms", "max_itl_ms", "p99_itl_ms"]
-REPORTS = {"tune 1": "A/runs/tune-qwen3-0.6b-cpu/confirm.json", "tune 2": "B/runs/tune-qwen3-0.6b-cpu/confirm.json",
-           "tiny-llm seed": "B/runs/confirm-tinyllm.json", "meTile seed": "B/runs/confirm-metile.json",
-           "gamma": "B/runs/confirm-gamma.json"}
+def reports(first: str, second: str) -> dict[str, str]:
+    return {"tune 1": f"{first}/runs/tune-qwen3-0.6b-cpu/confirm.json",
+            "tune 2": f"{second}/runs/tune-qwen3-0.6b-cpu/confirm.json",
+            "tiny-llm seed": f"{second}/runs/confirm-tinyllm.json", "meTile seed": f"{second}/runs/confirm-metile.json",
+            "gamma": f"{second}/runs/confirm-gamma.json"}
 
 
-def main(out: Path) -> None:
+def main(out: Path, first: str = "A", second: str = "B") -> None:
     print("| runs | setting | speed, prefill / decode | six aggregates: probed / calibration's | "
           + " | ".join(TAILS) + " |")
     print("|---|---|---|---:|" + "---:|" * len(TAILS))
-    for name, rel in REPORTS.items():
+    for name, rel in reports(first, second).items():
         path = out / rel
         if not path.exists():
             continue
@@ -32,4 +35,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/pdsim-m15"))
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/pdsim-m15"), *sys.argv[2:4])
