@@ -152,7 +152,11 @@ def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Co
     form (`copies` None)."""
     if step == "sync":
         return Form("sync", [0.0, 0.0, 0.0], [], copies=fit_copies(samples))
-    sizes = sorted({_size(step, s) for s in samples})
+    # knots at the grid's sizes (medians over rounds), not at an engine run's one-off call: a knot there
+    # would fit that one noisy timing and bend the curve's ends (an eager prompt of 208 tokens set the
+    # slope past 256 twice the one below; prompts of 271-331 were priced 1.15x)
+    grid = {_size(step, s) for s in samples if "source" not in s}
+    sizes = sorted(grid or {_size(step, s) for s in samples})
     if step == "prefill" and tile is None:
         tile = pick_tile(samples, copies or Copies())
     tile = tile or 0
