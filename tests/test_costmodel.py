@@ -112,6 +112,21 @@ def test_fit_recovers_a_tile_remainder_kv_copies_and_joins():
     assert max(e["cv_form_mean"] for e in fitted["fit"]["errors"].values()) < 1e-3
 
 
+def test_an_engine_runs_one_off_call_sets_no_knot_of_the_curve():
+    """The dense curve passes through the grid's sizes (medians over rounds); an engine run's call
+    of another size, one noisy timing, is fitted but cannot bend the curve's end by a knot of its own."""
+    pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 0} for L in (8, 16, 32, 64, 128, 256)
+           for P in (0, 300)]
+    for x in pre:
+        x["seconds"] = TRUTH.prefill(x["chunk"], x["prefix"])
+    slow = {"step": "prefill", "chunk": 208, "prefix": 0, "written": 0, "source": "engine:eager",
+            "seconds": 1.3 * TRUTH.prefill(208, 0)}  # a stall in an engine run
+    form = fit_form("prefill", pre + [slow], tile=0)
+    assert [n for n, _ in form.dense] == [8, 16, 32, 64, 128, 256]
+    assert form.dense != fit_form("prefill", pre, tile=0).dense  # the call is still fitted
+    assert fit_form("prefill", [dict(x, source="engine:x") for x in pre + [slow]], tile=0).dense[-2][0] == 208  # no grid: every size
+
+
 def test_held_out_errors_follow_the_measurement_noise(tmp_path):
     """Exact data fits to ~0; 2% noise gives held-out errors of the same order, and the profile
     the fit writes is loaded back into the same predictions."""
