@@ -55,8 +55,13 @@ def kv_limit_of(policy: Policy, bytes_per_token: int | None, capacity: int | Non
     no more than it holds whatever the setting says, so its capacity is the default. mlx-lm's
     BatchGenerator has no limit, and its policy gets none: it runs as it is."""
     limit = getattr(getattr(policy, "opts", None), "kv_limit", None)
-    tokens = None if limit is None else limit.resolve(bytes_per_token)
-    if capacity is None or getattr(policy, "engine", "pdsim") == "mlx-lm":
+    return enforced(None if limit is None else limit.resolve(bytes_per_token), capacity,
+                    getattr(policy, "engine", "pdsim"))
+
+
+def enforced(tokens: int | None, capacity: int | None, engine: str) -> int | None:
+    """The limit a run on `engine` enforces: the setting's `tokens` within the device's `capacity`."""
+    if capacity is None or engine == "mlx-lm":
         return tokens
     return capacity if tokens is None else min(tokens, capacity)
 
@@ -68,11 +73,12 @@ def check_kv_limits(prof: dict, traces: dict[str, Trace], settings: list[dict]) 
     capacity = device_kv_tokens(prof)
     for s in settings:
         limit = parse_kv_limit(s.get("kv_limit"))
-        tokens = None if limit is None else limit.resolve(profile_kv_bytes(prof))
-        if s.get("policy") != "mlx-lm" and capacity is not None and (tokens is None or capacity < tokens):
-            limit, tokens = f"(none: the device's {capacity:,} tokens beside the weights)", capacity
+        asked = None if limit is None else limit.resolve(profile_kv_bytes(prof))
+        tokens = enforced(asked, capacity, "mlx-lm" if s.get("policy") == "mlx-lm" else "pdsim")
         if tokens is None:
             continue
+        if tokens != asked:
+            limit = f"(none: the device's {capacity:,} tokens beside the weights)"
         for name, trace in traces.items():
             try:
                 check_kv_fit(trace, tokens)
