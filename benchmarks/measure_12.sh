@@ -10,6 +10,7 @@ COPIES=${1:-78}
 OUT=${2:-/tmp/pdsim-m12}
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 SRC=${AZURE_CONV:-$HERE/../shared/traces/azure-2023/AzureLLMInferenceTrace_conv.csv}
+[ -f "$SRC" ] || { echo "measure_12.sh: no Azure conversation trace at $SRC (set AZURE_CONV=PATH)" >&2; exit 2; }
 mkdir -p "$OUT"
 TRACE="$OUT/azure-conv-x$COPIES.csv"
 python3 - "$SRC" "$TRACE" "$COPIES" <<'EOF'
