@@ -40,15 +40,26 @@ def _terms(step: str, s: dict, knot: float) -> list[float]:
 
 
 def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0, 0.0)) -> MlxLmCosts:
-    """One step's form; `copies` (per written, per fresh token-row) are known for prompt calls."""
-    sizes = sorted({_size(step, s) for s in samples})
+    """One step's form; `copies` (per written, per fresh token-row) are known for prompt calls.
+    dense(n) has knots at the grid's sizes only: with a knot at every engine call's size, each
+    one-off timing bent the curve (qwen3-tiny: 8.7 ms at 18 rows between 4.2 and 4.0, 0 at 90;
+    qwen3-0.6b, the same measured runs rescored: s32's six 3.4% -> 1.9%, max gap -9% -> -4%).
+    A prompt call's curve never falls (its unknowns are the steps up from knot to knot: more rows
+    through the weights never take less, and two rows of 16 were once priced below one); a
+    generation batch's may (qwen3-0.6b: 7 rows 741 ms, 8 rows 590; held rising, s128's max gap
+    went +1% -> +17%)."""
+    grid = {_size(step, s) for s in samples if "source" not in s}
+    sizes = sorted(grid or {_size(step, s) for s in samples})
     hats = _hats(sizes)
     knot = knot_of(samples) if step == "generate" else np.inf
-    X = np.array([[h(_size(step, s)) for h in hats] + _terms(step, s, knot) for s in samples])
+    n = len(sizes)
+    steps = np.tril(np.ones((n, n))) if step == "prompt" else np.eye(n)  # knot k's value: the steps up to it
+    H = np.array([[h(_size(step, s)) for h in hats] for s in samples]) @ steps
+    X = np.hstack([H, np.array([_terms(step, s, knot) for s in samples])])
     y = np.array([s["seconds"] for s in samples])
     known = np.array([copies[0] * s.get("written", 0) + copies[1] * s.get("fresh", 0) for s in samples])
     x = _nnls(X, y, y - known if step == "prompt" else y)
-    dense = Curve(tuple(float(n) for n in sizes), tuple(float(v) for v in x[:len(sizes)]))
+    dense = Curve(tuple(float(n) for n in sizes), tuple(float(v) for v in steps @ x[:len(sizes)]))
     rest = [float(v) for v in x[len(sizes):]]
     if step == "prompt":
         return MlxLmCosts((0.0, 0.0, rest[0], rest[1]), (0.0, 0.0, 0.0, 0.0), prompt_dense=dense,

@@ -55,17 +55,20 @@ class KVBuffers:
     largest: int = 0  # the largest array allocated so far in the run (token-rows, one layer's keys)
     written: int = 0  # token-rows allocated and filled, and of them fresh, since `take` last ran
     fresh: int = 0
+    built: int = 0  # the largest of those arrays; `take` moves it to `call_largest` (the last call's)
+    call_largest: int = 0
     prompt: "BatchCache" = field(default_factory=lambda: BatchCache())  # mlx-lm's prompt batch
     gen: "BatchCache" = field(default_factory=lambda: BatchCache())  # mlx-lm's generation batch
 
     def what_if(self) -> "KVBuffers":
         """A copy to follow a call on without changing these buffers (the batch caches copied too)."""
         return KVBuffers(dict(self.own), self.rows, self.idx, self.cap, self.largest, self.written, self.fresh,
-                         self.prompt.copy(), self.gen.copy())
+                         self.built, self.call_largest, self.prompt.copy(), self.gen.copy())
 
     def _new(self, rows: int) -> None:
         """One new array of `rows` token-rows (each layer's keys and values alike)."""
         self.written += rows
+        self.built = max(self.built, rows)
         if rows > self.largest:
             self.fresh += rows
             self.largest = rows
@@ -78,7 +81,7 @@ class KVBuffers:
     def take(self) -> tuple[int, int]:
         """(written, fresh) since the last take: one call's."""
         out = self.written, self.fresh
-        self.written = self.fresh = 0
+        self.call_largest, self.written, self.fresh, self.built = self.built, 0, 0, 0
         return out
 
     def prefill(self, rid: str, prefix: int, n: int) -> tuple[int, int]:

@@ -102,19 +102,23 @@ def test_predicted_peak_of_real_runs_is_close_to_measured(engine, tiny_profile):
     assert max(errors) < 0.10, errors
 
 
-def test_batch_generator_runs_measure_their_peak_and_the_model_prices_it(engine, tiny_profile):
+@pytest.mark.parametrize("seed, setting", [
+    (8, {"policy": "mlx-lm", "prefill_step": 32, "prompt_concurrency": 2, "decode_concurrency": 4}),
+    (3, {"policy": "mlx-lm", "prefill_step": 16, "prompt_concurrency": 3, "decode_concurrency": 3})])
+def test_batch_generator_runs_measure_their_peak_and_the_model_prices_it(engine, tiny_profile, seed, setting):
     """mlx-lm's BatchGenerator run (`calibrate.batchgen`) keeps its measured peak as pdsim's runs do,
-    and the memory model predicts the mlx-lm policy's peak from the simulated calls."""
+    and the memory model predicts the mlx-lm policy's peak from the simulated calls: a lazy
+    rebuild holds the old buffers and the largest array it builds (the sum of its arrays priced
+    these runs' peaks 1.3x and more, and failed here)."""
     from calibrate.batchgen import run_batch_generator
-    trace = tinyllm(6, 30, 200, 3, 12, seed=8, vocab=1024)
-    setting = {"policy": "mlx-lm", "prefill_step": 32, "prompt_concurrency": 2, "decode_concurrency": 4}
+    trace = tinyllm(6, 30, 200, 3, 12, seed=seed, vocab=1024)
     run, check, _ = run_batch_generator(engine.lm, trace, setting)
     assert not check.policy_mismatches
     measured = score(run.log)["peak_memory_gb"]
     predicted = score(simulate(trace, policies.make(**setting), cost_model(tiny_profile)))["peak_memory_gb"]
     weights = memory_model(tiny_profile).weights / GB
     assert measured > weights and predicted > weights
-    assert abs(predicted - measured) / measured < 0.3, (predicted, measured)
+    assert abs(predicted - measured) / measured < 0.1, (predicted, measured)
 
 
 def test_profile_round_trip_and_profiles_without_memory(tmp_path):
