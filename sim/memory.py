@@ -14,7 +14,8 @@ call starts, plus what the call allocates:
   larger), not the rows it copies: the calibration's grid measures memory in use rising by the
   growth (a chunk of 8 that grows a 256-row buffer to 506 rows: 62.5 MB, 250 rows and 4 MB of
   temporaries, where the 506 rows copied would be 116 MB), and counting the copies priced the
-  activations at 0 and whole peaks 10-21% high;
+  activations at 0 and whole peaks 10-21% high; for mlx-lm's lazy rebuilds, whose held buffers
+  already have their new sizes, the largest array the call builds (`sim.state`);
 - `activations`: the call's temporaries, a form in its shape fitted to the calibration's measured
   peaks (`mx.get_peak_memory` above the memory active before the call):
   prefill of L tokens at offset P `a0 + a1*L + a2*L*(P + L) + a3*P` (hidden states and MLP rows per
