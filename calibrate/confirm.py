@@ -24,7 +24,7 @@ from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
 from calibrate.replay import relogged
-from calibrate.speed_probe import probe_speed
+from calibrate.speed_probe import probe_engine, probe_speed
 from calibrate.confirm_runs import RunsFolder, finished_run, model_spec, runs_manifest
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.costmodel import CostModel, check_profile_matches, cost_model
@@ -133,7 +133,7 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
         if data is None:
             spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup,
                     "engine": engine, "cost": prof["cost"],  # the prices an auto:MS budget decides by
-                    "probe": getattr(cost_model(prof), "pdsim_forms", True),  # the machine's speed, if priceable
+                    "probe": probe_engine(prof, engine),  # the machine's speed, where the profile prices it
                     "kv_capacity": device_kv_tokens(prof)}  # the device's KV limit, the simulator's
             try:
                 run_fresh(spec, out)

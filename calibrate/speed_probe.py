@@ -10,7 +10,10 @@ The median over the probe's prefills of predicted over measured is the machine's
 then, over its decodes its decode speed (`sim.speed.MachineSpeed`: the two move apart, a
 prefill is bound by arithmetic and a decode by memory); the run is predicted at them
 (`sim.predict.replays`), and the report keeps the prediction at the calibration's speed beside
-it. The probe is never a call of the run being scored.
+it. The probe is never a call of the run being scored. A profile of mlx-lm's calls is probed on
+BatchGenerator (`MLX_SETTING`: the same requests, one prompt a call), its prompt calls giving the
+prefill speed and its generation steps the decode speed (stop 23: a confirm of three settings had
+runs 28% apart in speed, and nothing said so in the prediction).
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ from traces.generators import fixed
 from traces.trace import Trace
 
 SETTING = {"policy": "fifo"}
+MLX_SETTING = {"policy": "mlx-lm", "prefill_step": 64, "prompt_concurrency": 1, "decode_concurrency": 2}
+PREFILLS, DECODES = ("prefill", "prompt"), ("decode", "generate")  # call kinds of each speed (`sim.speed`)
 
 
 def probe_trace(vocab: int) -> Trace:
@@ -36,29 +41,44 @@ def probe_trace(vocab: int) -> Trace:
 
 def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
     """The median over the probes' prefills, and over their decodes, of predicted/measured: above
-    1 the machine ran them faster than at its calibration; None without calls to price (a profile
-    of mlx-lm's calls only)."""
-    if not getattr(cost, "pdsim_forms", True):
+    1 the machine ran them faster than at its calibration; None without calls to price (pdsim's
+    calls with a profile of mlx-lm's calls only)."""
+    if not getattr(cost, "pdsim_forms", True) and any(c.kind in ("prefill", "decode") for log in logs for c in log.calls):
         return None
     ratios = call_ratios(logs, cost)
-    prefill = [r for kind, _, r in ratios if kind == "prefill"]
-    decode = [r for kind, _, r in ratios if kind == "decode"]
+    prefill = [r for kind, _, r in ratios if kind in PREFILLS]
+    decode = [r for kind, _, r in ratios if kind in DECODES]
     if not prefill or not decode:
         return None
     return MachineSpeed(statistics.median(prefill), statistics.median(decode))
 
 
+def probe_engine(prof: dict, engine: str) -> str | None:
+    """Which engine a confirm's probes run on, so the profile prices their calls: BatchGenerator
+    for a confirm of it with a profile of its calls, else pdsim's executor; None: neither priced."""
+    if engine == "mlx-lm" and "mlx_lm" in prof["cost"]:
+        return "mlx-lm"
+    return "pdsim" if "prefill" in prof["cost"] else None
+
+
 class Probe:
     """The machine's speed just before and just after a timed run (`calibrate.speed_probe`), on an
-    engine of its own, so the run's engine state is the one the warm-up left; `on`: the spec asks
-    for it (confirm does, with a profile that prices pdsim's engine; a calibration's runs do not)."""
+    engine of its own, so the run's engine state is the one the warm-up left; `engine`: what the
+    spec asks for (`probe_engine`; True, from older specs: pdsim's; None: no probe, as in a
+    calibration's runs)."""
 
-    def __init__(self, lm, on: bool):
-        self.engine, self.trace, self.logs, self.on = RealEngine(lm), probe_trace(lm.vocab_size), [], on
+    def __init__(self, lm, engine: str | bool | None):
+        self.engine = "pdsim" if engine is True else engine or None
+        self.lm, self.trace, self.logs = lm, probe_trace(lm.vocab_size), []
+        self.setting = MLX_SETTING if self.engine == "mlx-lm" else SETTING
+        self.pdsim = RealEngine(lm) if self.engine == "pdsim" else None
 
     def run(self) -> None:
-        if self.on:
-            self.logs.append(self.engine.run(self.trace, policies.make(**SETTING)).log.to_dict())
+        if self.engine == "mlx-lm":
+            from calibrate.batchgen import run_batch_generator
+            self.logs.append(run_batch_generator(self.lm, self.trace, self.setting)[0].log.to_dict())
+        elif self.engine == "pdsim":
+            self.logs.append(self.pdsim.run(self.trace, policies.make(**self.setting)).log.to_dict())
 
     def result(self) -> dict:
-        return {"trace": self.trace.to_dict(), "setting": SETTING, "logs": self.logs}
+        return {"trace": self.trace.to_dict(), "setting": self.setting, "logs": self.logs}

@@ -41,7 +41,7 @@ def run_spec(spec: dict) -> dict:
     if spec.get("engine", "pdsim") == "mlx-lm":
         return _run_batch_generator(lm, trace, spec)
     # the device's KV capacity as the profile gives it, so both executors enforce the same limit
-    engine, probe = RealEngine(lm, kv_capacity=spec.get("kv_capacity")), Probe(lm, on=spec.get("probe", False))
+    engine, probe = RealEngine(lm, kv_capacity=spec.get("kv_capacity")), Probe(lm, spec.get("probe"))
     # an auto:MS budget prices its chunks with the profile confirm was given, as the simulator does
     cost = cost_model({"cost": spec["cost"]}) if "cost" in spec else None
     policy = policies.make(**spec["setting"], cost=cost)
@@ -60,7 +60,7 @@ def run_spec(spec: dict) -> dict:
 def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
     from calibrate.batchgen import run_batch_generator
     from calibrate.mlxlm_batches import installed_version
-    largest, checks, probe = 0, [], Probe(lm, on=spec.get("probe", False))
+    largest, checks, probe = 0, [], Probe(lm, spec.get("probe"))
     for _ in range(spec.get("warmup", 1)):  # the warm-ups' calls are checked too, not kept (as pdsim's)
         _, check, largest = run_batch_generator(lm, warmup_trace(trace), spec["setting"], largest)
         checks.append(check)

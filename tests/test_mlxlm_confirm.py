@@ -74,6 +74,12 @@ def test_confirm_on_batch_generator(profile, tmp_path):
         assert run["engine"] == {"name": "mlx-lm", "version": "0.32.2"}
         assert run["check"] == {"policy_mismatches": [], "shape_mismatches": []}
         assert {c[0] for c in run["log"]["calls"]} <= {"prompt", "first", "generate"}
+        # the machine's speed, probed on BatchGenerator before and after the run (the profile prices its calls)
+        assert run["probe"]["setting"]["policy"] == "mlx-lm" and len(run["probe"]["logs"]) == 2
+        assert all({c[0] for c in log["calls"]} >= {"prompt", "generate"} for log in run["probe"]["logs"])
+    for res in rep["results"]:
+        speeds = res["machine_speed"]["runs"]
+        assert len(speeds) == 2 and all(0.2 < s[k] < 5 for s in speeds for k in ("prefill", "decode"))
     cost = cost_model(load_profile(profile))
     for res in rep["results"]:
         assert set(res["measured"]) >= {"decode_gap_p50_ms", "p50_ttft_ms", "output_throughput", "makespan_s"}
