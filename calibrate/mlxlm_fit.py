@@ -14,7 +14,8 @@ import statistics
 
 import numpy as np
 
-from calibrate.fit import FOLDS, TARGET, _folds, _nnls, knot_of, noise_of, repeat_noise, speed_by_round
+from calibrate.fit import (FOLDS, TARGET, TILE_MARGIN, TILES, _folds, _knots, _nnls, _remainder, knot_of, noise_of,
+                           repeat_noise, speed_by_round)
 from sim.costmodel import MLX_PROMPT_FORM, MLX_STEP_FORM, Curve, LinearCostModel, MlxLmCosts
 from sim.residuals import summarize
 
@@ -39,23 +40,24 @@ def _terms(step: str, s: dict, knot: float) -> list[float]:
     return att + [float(bool(s.get("first"))), s.get("written", 0), s.get("fresh", 0)]
 
 
-def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0, 0.0)) -> MlxLmCosts:
+def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0, 0.0), tile: int = 0) -> MlxLmCosts:
     """One step's form; `copies` (per written, per fresh token-row) are known for prompt calls.
-    dense(n) has knots at the grid's sizes only: with a knot at every engine call's size, each
-    one-off timing bent the curve (qwen3-tiny: 8.7 ms at 18 rows between 4.2 and 4.0, 0 at 90;
-    qwen3-0.6b, the same measured runs rescored: s32's six 3.4% -> 1.9%, max gap -9% -> -4%).
-    A prompt call's curve never falls (its unknowns are the steps up from knot to knot: more rows
-    through the weights never take less, and two rows of 16 were once priced below one); a
-    generation batch's may (qwen3-0.6b: 7 rows 741 ms, 8 rows 590; held rising, s128's max gap
-    went +1% -> +17%)."""
+    dense(n) has knots at the grid's sizes only: a knot at every engine call's size fitted each
+    one-off timing (qwen3-tiny: 8.7 ms at 18 rows between 4.2 and 4.0, 0 at 90). What an
+    unaligned size costs beyond its neighbours goes to a prompt call's remainder terms instead
+    (`tile`, as pdsim's prefill: qwen3-0.6b ran 31 rows in 720 ms and 32 in 624), and a prompt
+    call's curve, through aligned sizes, never falls (its unknowns are the steps up from knot to
+    knot: two rows of 16 were once priced below one). A generation batch's curve may fall
+    (qwen3-0.6b: 7 rows 741 ms, 8 rows 590; held rising, s128's max gap went +1% -> +17%)."""
     grid = {_size(step, s) for s in samples if "source" not in s}
-    sizes = sorted(grid or {_size(step, s) for s in samples})
+    sizes = _knots(sorted(grid or {_size(step, s) for s in samples}), tile if step == "prompt" else 0)
     hats = _hats(sizes)
     knot = knot_of(samples) if step == "generate" else np.inf
     n = len(sizes)
     steps = np.tril(np.ones((n, n))) if step == "prompt" else np.eye(n)  # knot k's value: the steps up to it
     H = np.array([[h(_size(step, s)) for h in hats] for s in samples]) @ steps
-    X = np.hstack([H, np.array([_terms(step, s, knot) for s in samples])])
+    rem = (lambda s: _remainder(_size(step, s), tile)) if step == "prompt" else (lambda s: [])
+    X = np.hstack([H, np.array([_terms(step, s, knot) + rem(s) for s in samples])])
     y = np.array([s["seconds"] for s in samples])
     known = np.array([copies[0] * s.get("written", 0) + copies[1] * s.get("fresh", 0) for s in samples])
     x = _nnls(X, y, y - known if step == "prompt" else y)
@@ -63,10 +65,20 @@ def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0,
     rest = [float(v) for v in x[len(sizes):]]
     if step == "prompt":
         return MlxLmCosts((0.0, 0.0, rest[0], rest[1]), (0.0, 0.0, 0.0, 0.0), prompt_dense=dense,
+                          prompt_tile=tile, prompt_rem=tuple(rest[2:4]) if tile else (0.0, 0.0),
                           copy=copies[0], fresh=copies[1])
     att, first, copy, fresh = (rest[:2], *rest[2:]) if knot < np.inf else ([rest[0], rest[0]], *rest[1:])
     return MlxLmCosts((0.0, 0.0, 0.0, 0.0), (0.0, 0.0, att[0], att[1]), step_dense=dense, knot=knot, first=first,
                       copy=copy, fresh=fresh)
+
+
+def pick_tile(samples: list[dict], copies: tuple[float, float]) -> int:
+    """The prompt calls' tile whose form cross-validates best (0: none), when it beats no tile by
+    a margin (`calibrate.fit.pick_tile`'s rule)."""
+    folds = _folds([_size("prompt", s) for s in samples], random.Random("tile"))
+    errs = {t: float(_held_out("prompt", samples, folds, copies, t).mean()) for t in TILES}
+    best = min(errs, key=errs.get)
+    return best if errs[0] - errs[best] > TILE_MARGIN else 0
 
 
 def price(m: MlxLmCosts, step: str, samples: list[dict]) -> np.ndarray:
@@ -77,13 +89,13 @@ def price(m: MlxLmCosts, step: str, samples: list[dict]) -> np.ndarray:
                               for s in samples])
 
 
-def _held_out(step: str, pts: list[dict], tests: list[set[int]], copies) -> np.ndarray:
+def _held_out(step: str, pts: list[dict], tests: list[set[int]], copies, tile: int = 0) -> np.ndarray:
     errs = []
     for held in tests:
         train = [p for i, p in enumerate(pts) if i not in held]
         test = [p for i, p in enumerate(pts) if i in held]
         y = np.array([s["seconds"] for s in test])
-        errs.append(np.abs(price(fit_step(step, train, copies), step, test) - y) / y)
+        errs.append(np.abs(price(fit_step(step, train, copies, tile), step, test) - y) / y)
     return np.concatenate(errs)
 
 
@@ -101,19 +113,21 @@ def fit_mlx_lm(samples: list[dict], iteration: float, seed: int = 0) -> dict:
         held = _folds(sizes, random.Random(f"{seed}/{step}"))[0]
         for i, p in enumerate(pts):
             p["held_out"] = i in held
-        e = _held_out(step, pts, [held], copies)
-        cv = _held_out(step, pts, _folds(sizes, random.Random(f"cv{seed}")), copies)
+        tile = pick_tile(pts, copies) if step == "prompt" else 0
+        e = _held_out(step, pts, [held], copies, tile)
+        cv = _held_out(step, pts, _folds(sizes, random.Random(f"cv{seed}")), copies, tile)
         errors[step] = {"held_out": len(held), "train": len(pts) - len(held), "form_mean": float(e.mean()),
                         "form_max": float(e.max()), "cv_folds": FOLDS, "cv_form_mean": float(cv.mean()),
                         "cv_form_max": float(cv.max()), "repeat_noise": repeat_noise(pts)}
-        forms[step] = fit_step(step, pts, copies)
+        forms[step] = fit_step(step, pts, copies, tile)
         for p, f in zip(pts, price(forms[step], step, pts)):
             p["fitted"] = float(f)
         if step == "generate":
             copies = (forms[step].copy, forms[step].fresh)
     g, pr = forms["generate"], forms["prompt"]
     section = {
-        "prompt": {"form": MLX_PROMPT_FORM, "coef": list(pr.prompt_coef), "dense": _pairs(pr.prompt_dense)},
+        "prompt": {"form": MLX_PROMPT_FORM, "coef": list(pr.prompt_coef), "dense": _pairs(pr.prompt_dense),
+                   **({"tile": pr.prompt_tile, "remainder": list(pr.prompt_rem)} if pr.prompt_tile else {})},
         "generate": {"form": MLX_STEP_FORM, "coef": list(g.step_coef), "dense": _pairs(g.step_dense),
                      **({"knot": g.knot} if g.knot < np.inf else {}), "first": g.first},
         "copy": g.copy, "fresh": g.fresh, "iteration": iteration,

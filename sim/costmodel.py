@@ -38,7 +38,8 @@ DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot
                "a single decode (own cache): dense(1) + lone*context; dense(batch) = a + b*batch or the measured "
                "curve; plus copy*written, and join (leave) when requests join (leave) the batch cache")
 MLX_PROMPT_FORM = ("dense(rows*L) + c*rows*L*(idx + L) + d*rows*idx, L the longest chunk, idx the batch "
-                   "cache's write position (every row attends the whole padded buffer); plus copy*written")
+                   "cache's write position (every row attends the whole padded buffer), plus r0 + r1*(rows*L mod "
+                   "tile) when rows*L is not a multiple of the tile; plus copy*written")
 MLX_STEP_FORM = ("generate: dense(batch) + batch*attn(max(context)) as DECODE_FORM; first forward: the same "
                  "plus `first`; plus copy*written + fresh*fresh")
 MLX_KINDS = ("prompt", "first", "generate")  # mlx-lm's calls in the log (`sim.work`)
@@ -119,11 +120,15 @@ class MlxLmCosts:
     copy: float = 0.0  # seconds per KV token-row written, and more per fresh one
     fresh: float = 0.0
     iteration: float = 0.0  # host work between two next() calls
+    prompt_tile: int = 0  # rows*L beyond a multiple of this run slower kernels (0: no such term)
+    prompt_rem: tuple[float, float] = (0.0, 0.0)  # their cost: once if any, and per row
 
     def prompt(self, rows: int, tokens: int, idx: int) -> float:
         a, b, c, d = self.prompt_coef
         n = rows * tokens
         dense = self.prompt_dense(n) if self.prompt_dense else a + b * n
+        if self.prompt_tile and (r := n % self.prompt_tile):
+            dense += self.prompt_rem[0] + self.prompt_rem[1] * r
         return dense + c * n * (idx + tokens) + d * rows * idx
 
     def step(self, contexts: Sequence[int]) -> float:
@@ -384,7 +389,8 @@ def mlx_lm_costs(m: dict) -> MlxLmCosts:
     pr, st = m["prompt"], m["generate"]
     return MlxLmCosts(tuple(map(float, pr["coef"])), tuple(map(float, st["coef"])), Curve.from_pairs(pr.get("dense")),
                       Curve.from_pairs(st.get("dense")), float(st.get("knot") or "inf"), float(st.get("first", 0.0)),
-                      float(m.get("copy", 0.0)), float(m.get("fresh", 0.0)), float(m.get("iteration", 0.0)))
+                      float(m.get("copy", 0.0)), float(m.get("fresh", 0.0)), float(m.get("iteration", 0.0)),
+                      int(pr.get("tile", 0)), tuple(map(float, pr.get("remainder", (0.0, 0.0)))))
 
 
 def _triple(v) -> tuple[float, float, float]:

@@ -222,10 +222,15 @@ def check_cost(w: _Where, cost: dict) -> None:
             _cost(w, v, f"cost.{key}")
         else:
             _numbers(w, v, f"cost.{key}", (1, 2, 3))
-    if "tile" in pre:
-        _whole(w, pre["tile"], "cost.prefill.tile", 0, 1 << 20)
-    if "remainder" in pre:
-        _numbers(w, pre["remainder"], "cost.prefill.remainder", (2,))
+    _tile(w, pre, "cost.prefill")
+
+
+def _tile(w: _Where, sec: dict, field: str) -> None:
+    """A step's tile (a whole number of rows) and the remainder's two prices, where given."""
+    if "tile" in sec:
+        _whole(w, sec["tile"], f"{field}.tile", 0, 1 << 20)
+    if "remainder" in sec:
+        _numbers(w, sec["remainder"], f"{field}.remainder", (2,))
 
 
 def check_mlx_lm(w: _Where, m: dict) -> None:
@@ -240,6 +245,7 @@ def check_mlx_lm(w: _Where, m: dict) -> None:
         _numbers(w, sec["coef"], f"cost.mlx_lm.{key}.coef", (4,))
         if sec.get("dense") is not None:
             _curve(w, sec["dense"], f"cost.mlx_lm.{key}.dense")
+    _tile(w, m["prompt"], "cost.mlx_lm.prompt")
     gen = m["generate"]
     if gen.get("knot") is not None:
         _cost(w, gen["knot"], "cost.mlx_lm.generate.knot")

@@ -45,8 +45,10 @@ def test_the_profile_prices_batch_generators_calls(profile):
     # the calibrated forms price mlx-lm's calls; pdsim's policies are refused with this profile
     cost = cost_model(prof)
     assert cost.mlx_lm_call("prompt", 16, 0, [0, 0], 0, 0) >= cost.mlx_lm_call("prompt", 16, 0, [0], 0, 0) > 0
-    dense = prof["cost"]["mlx_lm"]["prompt"]["dense"]  # at the grid's sizes, never falling
-    assert [x for x, _ in dense] == sorted({s["rows"] * s["chunk"] for s in grid if s["step"] == "prompt"})
+    section = prof["cost"]["mlx_lm"]["prompt"]  # knots at the grid's sizes (the tile's multiples), never falling
+    sizes, tile = sorted({s["rows"] * s["chunk"] for s in grid if s["step"] == "prompt"}), section.get("tile", 0)
+    dense = section["dense"]
+    assert [x for x, _ in dense] == sorted({n for n in sizes if not tile or n % tile == 0} | {sizes[0], sizes[-1]})
     assert all(a[1] <= b[1] for a, b in zip(dense, dense[1:]))
     code, _, err = pdsim("simulate", "--profile", str(profile), "--policy", "chunked")
     assert code == 2 and "mlx-lm's BatchGenerator only" in err
