@@ -209,6 +209,10 @@ def report_mlx_lm(m: dict) -> None:
     print(f"  mlx-lm generation step: {g['coef'][2] * 1e6:.2f} us per row-token{knot}; a first forward "
           f"{g['first'] * 1e3:.1f} ms more; prompt call attention {pr['coef'][2] * 1e9:.2f} ns per row-token x "
           f"(position + chunk)")
+    if pr.get("tile"):
+        r0, r1 = pr["remainder"]
+        print(f"  mlx-lm prompt call: rows x chunk beyond a multiple of {pr['tile']} cost {r0 * 1e3:.1f} ms + "
+              f"{r1 * 1e3:.2f} ms per row")
     print(f"  mlx-lm KV buffer written {m['copy'] * 1e6:.1f} us per token-row (fresh: {m['fresh'] * 1e6:.1f} us "
           f"more); host work between next() calls {m['iteration'] * 1e3:.2f} ms")
 
