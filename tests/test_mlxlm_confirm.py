@@ -44,12 +44,17 @@ def test_the_profile_prices_batch_generators_calls(profile):
     assert prof["cost"]["mlx_lm"]["iteration"] >= 0
     # the calibrated forms price mlx-lm's calls; pdsim's policies are refused with this profile
     cost = cost_model(prof)
-    assert cost.mlx_lm_call("prompt", 16, 0, [0, 0], 0, 0) >= cost.mlx_lm_call("prompt", 16, 0, [0], 0, 0) > 0
     section = prof["cost"]["mlx_lm"]["prompt"]  # knots at the grid's sizes (the tile's multiples), never falling
     sizes, tile = sorted({s["rows"] * s["chunk"] for s in grid if s["step"] == "prompt"}), section.get("tile", 0)
     dense = section["dense"]
     assert [x for x, _ in dense] == sorted({n for n in sizes if not tile or n % tile == 0} | {sizes[0], sizes[-1]})
     assert all(a[1] <= b[1] for a, b in zip(dense, dense[1:]))
+    # at aligned sizes more rows never cost less (an unaligned size may: it pays the remainder)
+    aligned = [int(x) for x, _ in dense if not tile or x % tile == 0]
+    prices = [cost.mlx_lm_call("prompt", n, 0, [0], 0, 0) for n in aligned]
+    assert prices[0] > 0 and all(a <= b for a, b in zip(prices, prices[1:]))
+    if tile:
+        assert cost.mlx_lm_call("prompt", tile + 1, 0, [0], 0, 0) > cost.mlx_lm_call("prompt", tile, 0, [0], 0, 0)
     code, _, err = pdsim("simulate", "--profile", str(profile), "--policy", "chunked")
     assert code == 2 and "mlx-lm's BatchGenerator only" in err
     code, out, err = pdsim("calibrate", "--refit", str(profile), "-o", str(profile.with_name("refit.json")))
