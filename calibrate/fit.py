@@ -155,8 +155,7 @@ def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Co
     # knots at the grid's sizes (medians over rounds), not at an engine run's one-off call: a knot there
     # would fit that one noisy timing and bend the curve's ends (an eager prompt of 208 tokens set the
     # slope past 256 twice the one below; prompts of 271-331 were priced 1.15x)
-    grid = {_size(step, s) for s in samples if "source" not in s}
-    sizes = sorted(grid or {_size(step, s) for s in samples})
+    sizes = grid_sizes([_size(step, s) for s in samples], samples)
     if step == "prefill" and tile is None:
         tile = pick_tile(samples, copies or Copies())
     tile = tile or 0
@@ -185,11 +184,24 @@ def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Co
 def pick_tile(samples: list[dict], copies: Copies = Copies()) -> int:
     """The prefill tile whose form cross-validates best (0: a plain curve through every size),
     when it beats the plain curve by a margin: with a few unaligned lengths two tiles can tie."""
-    sizes = [s["chunk"] for s in samples]
-    folds = _folds(sizes, random.Random("tile"))
-    errs = {t: float(_held_out_errors("prefill", samples, folds, tile=t, copies=copies)[0].mean()) for t in TILES}
+    folds = _folds([s["chunk"] for s in samples], random.Random("tile"))
+    return best_tile(lambda t: _held_out_errors("prefill", samples, folds, tile=t, copies=copies)[0])
+
+
+def best_tile(errors) -> int:
+    """Of `TILES`, the one whose cross-validated errors (`errors(tile)`, an array) are lowest on
+    average, if it beats no tile by `TILE_MARGIN`; else 0."""
+    errs = {t: float(errors(t).mean()) for t in TILES}
     best = min(errs, key=errs.get)
     return best if errs[0] - errs[best] > TILE_MARGIN else 0
+
+
+def grid_sizes(sizes: list[int], samples: list[dict]) -> list[int]:
+    """The sizes a dense curve's knots sit at: the grid's points' (medians over rounds), not an
+    engine run's one-off call's; every size where no sample is the grid's (`sizes[i]` is
+    `samples[i]`'s)."""
+    grid = {n for n, s in zip(sizes, samples) if "source" not in s}
+    return sorted(grid or set(sizes))
 
 
 def _grid_points(step: str, samples: list[dict]) -> np.ndarray:

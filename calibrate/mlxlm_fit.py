@@ -14,7 +14,7 @@ import statistics
 
 import numpy as np
 
-from calibrate.fit import (FOLDS, TARGET, TILE_MARGIN, TILES, _folds, _knots, _nnls, _remainder, knot_of, noise_of,
+from calibrate.fit import (FOLDS, TARGET, _folds, _knots, _nnls, _remainder, best_tile, grid_sizes, knot_of, noise_of,
                            repeat_noise, speed_by_round)
 from sim.costmodel import MLX_PROMPT_FORM, MLX_STEP_FORM, Curve, LinearCostModel, MlxLmCosts
 from sim.residuals import summarize
@@ -49,8 +49,7 @@ def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0,
     call's curve, through aligned sizes, never falls (its unknowns are the steps up from knot to
     knot: two rows of 16 were once priced below one). A generation batch's curve may fall
     (qwen3-0.6b: 7 rows 741 ms, 8 rows 590; held rising, s128's max gap went +1% -> +17%)."""
-    grid = {_size(step, s) for s in samples if "source" not in s}
-    sizes = _knots(sorted(grid or {_size(step, s) for s in samples}), tile if step == "prompt" else 0)
+    sizes = _knots(grid_sizes([_size(step, s) for s in samples], samples), tile if step == "prompt" else 0)
     hats = _hats(sizes)
     knot = knot_of(samples) if step == "generate" else np.inf
     n = len(sizes)
@@ -76,9 +75,7 @@ def pick_tile(samples: list[dict], copies: tuple[float, float]) -> int:
     """The prompt calls' tile whose form cross-validates best (0: none), when it beats no tile by
     a margin (`calibrate.fit.pick_tile`'s rule)."""
     folds = _folds([_size("prompt", s) for s in samples], random.Random("tile"))
-    errs = {t: float(_held_out("prompt", samples, folds, copies, t).mean()) for t in TILES}
-    best = min(errs, key=errs.get)
-    return best if errs[0] - errs[best] > TILE_MARGIN else 0
+    return best_tile(lambda t: _held_out("prompt", samples, folds, copies, t))
 
 
 def price(m: MlxLmCosts, step: str, samples: list[dict]) -> np.ndarray:
