@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from calibrate.executor import RealRun, prompt_tokens
+from calibrate.memory_fit import reset_peak
 from calibrate.mlxlm_batches import G
 from calibrate.model import LoadedModel
 from policies.mlxlm import MlxLm
@@ -109,7 +110,7 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, largest: i
     done: dict[str, int] = {}  # prompt tokens each request has sent to prefill
     inserted: dict[str, int] = {}
     idle = 0.0
-    mx.reset_peak_memory()  # this run's peak, as pdsim's executor takes it (`sim.memory` predicts it)
+    foreign = reset_peak(lm)  # this run's peak, as pdsim's executor takes it (`sim.memory` predicts it)
     try:
         while not state.done:
             before = state.arrived
@@ -144,7 +145,7 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, largest: i
                 on_call(state, gen)
     finally:
         gen.close()
-    state.log.peak_memory = float(mx.get_peak_memory())
+    state.log.peak_memory = float(mx.get_peak_memory() - foreign)
     return RealRun(state.log, outputs, idle, inserted), check, state.kv.largest
 
 

@@ -3,8 +3,8 @@
 The loop is the simulator's, with the wall clock instead of a cost model: admit what has arrived,
 ask the policy, run each call, hand the state its start and end times. Times are taken with
 `time.perf_counter()` after the step functions have evaluated their results; the run's peak
-memory is MLX's own count (`mx.get_peak_memory`, reset when the run starts), what `sim.memory`
-predicts, kept as the log's `peak_memory`. mlx-lm's calls
+memory is MLX's own count (`mx.get_peak_memory`, reset when the run starts, less the arrays the
+process held besides the weights), what `sim.memory` predicts, kept as the log's `peak_memory`. mlx-lm's calls
 (the mlx-lm policy) run on mlx-lm's own batch classes (`calibrate.mlxlm_batches`).
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from calibrate.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
+from calibrate.memory_fit import reset_peak
 from calibrate.model import LoadedModel
 from policies.base import Policy
 from sim.kvlimit import kv_limit_of, next_work
@@ -60,7 +61,7 @@ class RealEngine:
             self.mlx = MlxLmBatches(self.lm, policy.prefill_step)
         self.prompts = {r.id: prompt_tokens(r, self.lm.vocab_size) for r in trace.requests}
         self.outputs: dict[str, list[int]] = {r.id: [] for r in trace.requests}
-        mx.reset_peak_memory()  # this run's peak: the weights, the caches it builds, its calls' temporaries
+        foreign = reset_peak(self.lm)  # this run's peak: the weights, the caches it builds, its calls' temporaries
         for r in trace.requests:  # prefilled requests: prefill and first token before the clock
             if r.prefilled:
                 self.caches[r.id] = new_cache(self.lm)
@@ -88,7 +89,7 @@ class RealEngine:
                 if on_call:
                     on_call(state)
         self.largest = state.kv.largest
-        state.log.peak_memory = float(mx.get_peak_memory())
+        state.log.peak_memory = float(mx.get_peak_memory() - foreign)
         return RealRun(state.log, self.outputs, idle)
 
     def _run(self, work: Work, state: EngineState, clock) -> float | None:

@@ -123,6 +123,29 @@ def test_batch_generator_runs_measure_their_peak_and_the_model_prices_it(engine,
     assert abs(predicted - measured) / measured < 0.15, (predicted, measured)
 
 
+@pytest.mark.parametrize("setting", [{"policy": "chunked", "budget": 16, "batch_size": 3},
+                                     {"policy": "mlx-lm", "prefill_step": 32, "prompt_concurrency": 2,
+                                      "decode_concurrency": 4}])
+def test_a_runs_peak_is_its_own_not_what_the_process_held_before(engine, setting):
+    """A 16 MB array alive before the run (another model, a test's caches) is not the run's: both
+    executors read the same peak with it and without it (run after mlx-lm's tests in one process,
+    qwen3-tiny's runs read 1.35x their peak). The peaks are ~2.5 MB, so counting the array fails."""
+    import mlx.core as mx
+    from calibrate.batchgen import run_batch_generator
+    trace = tinyllm(5, 20, 120, 3, 8, seed=4, vocab=1024)
+
+    def peak() -> float:
+        if setting["policy"] == "mlx-lm":
+            return run_batch_generator(engine.lm, trace, setting)[0].log.peak_memory
+        return engine.run(trace, policies.make(**setting)).log.peak_memory
+
+    alone = peak()
+    ballast = mx.zeros((4, 1 << 20))
+    mx.eval(ballast)
+    held = peak()
+    del ballast
+    assert abs(held - alone) < 0.2 * alone, (held, alone)
+
 def test_profile_round_trip_and_profiles_without_memory(tmp_path):
     prof = load_profile(BUILTIN)
     assert memory_model(prof) is None  # before the memory model: no prediction
