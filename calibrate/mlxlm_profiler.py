@@ -25,12 +25,17 @@ MAX_TOKENS = 1 << 20  # a prepared row never finishes while timed
 
 
 def _batch_cache(master, rows: int, idx: int, cap: int) -> list:
-    """One `BatchKVCache` per layer: `rows` rows of `idx` tokens (no padding) in buffers of `cap`."""
+    """One `BatchKVCache` per layer: `rows` rows of `idx` tokens (no padding) in buffers of `cap`,
+    laid out as the engine's own: zeros with the tokens written in. (`mx.repeat` of a slice of the
+    master builds an array that copies 2.2x slower; every split and merge copies the cache, so a
+    first forward on it read 0.96 s for 4 rows at 100 tokens, 0.58 s on the engine's path.)"""
     out = []
     for m in master:
         c = BatchKVCache([0] * rows)
-        keys = mx.repeat(m.keys[..., :cap, :], rows, axis=0)
-        values = mx.repeat(m.values[..., :cap, :], rows, axis=0)
+        keys = mx.zeros((rows, *m.keys.shape[1:2], cap, m.keys.shape[3]), m.keys.dtype)
+        values = mx.zeros((rows, *m.values.shape[1:2], cap, m.values.shape[3]), m.values.dtype)
+        keys[..., :idx, :] = m.keys[..., :idx, :]
+        values[..., :idx, :] = m.values[..., :idx, :]
         c.state = (keys, values, mx.array([idx] * rows), mx.array([0] * rows), idx)
         out.append(c)
     mx.eval([c.state for c in out])
