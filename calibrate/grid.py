@@ -140,8 +140,10 @@ def mlx_key_of(p: dict) -> str:
     return f"{p['call']}:{p['batch']}@{p['context']}"
 
 
-# A quick grid for Qwen3-0.6B on a laptop CPU (a prompt row-token ~9 ms): about 40 s a round.
-MLX_QUICK = MlxLmGrid(prompts=[[16], [64], [128], [256], [16, 16], [64, 64], [128, 128], [16] * 4, [32] * 4,
+# A quick grid for Qwen3-0.6B on a laptop CPU (a prompt row-token ~9 ms): about 40 s a round. One row
+# at each power of two 16-256: a prompt step's calls with one prompt at a time are one row of the
+# step (without [32], dense(32) came from [16, 16] only, and a step of 32's calls were priced 1.07x).
+MLX_QUICK = MlxLmGrid(prompts=[[16], [32], [64], [128], [256], [16, 16], [64, 64], [128, 128], [16] * 4, [32] * 4,
                                [64] * 4, [40, 40, 40], [100, 100], [16] * 8, [64, 16], [128, 32, 8], [40, 16, 3, 40]],
                       offsets=[0, 400], batches=list(range(1, 9)), contexts=[100, 400, 800],
                       firsts=[[1, 100], [2, 300], [4, 100], [3, 600]],
