@@ -4,8 +4,8 @@ The loop is the simulator's, with the wall clock instead of a cost model: admit 
 ask the policy, run each call, hand the state its start and end times. Times are taken with
 `time.perf_counter()` after the step functions have evaluated their results; the run's peak
 memory is MLX's own count (`mx.get_peak_memory`, reset when the run starts, less the arrays the
-process held besides the weights), what `sim.memory` predicts, kept as the log's `peak_memory`. mlx-lm's calls
-(the mlx-lm policy) run on mlx-lm's own batch classes (`calibrate.mlxlm_batches`).
+process held besides the weights), what `sim.memory` predicts, kept as the log's `peak_memory`.
+mlx-lm's calls (the mlx-lm policy) run on mlx-lm's own batch classes (`calibrate.mlxlm_batches`).
 """
 from __future__ import annotations
 
