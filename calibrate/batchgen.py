@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from calibrate.executor import RealRun, prompt_tokens
-from calibrate.memory_fit import reset_peak
 from calibrate.mlxlm_batches import G
-from calibrate.model import LoadedModel
+from calibrate.model import LoadedModel, reset_peak
 from policies.mlxlm import MlxLm
 from sim.state import EngineState
 from sim.work import BatchPrefill, FirstForward, Generate, JoinPrompt, Work

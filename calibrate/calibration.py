@@ -10,9 +10,9 @@ from calibrate.profile_paths import default_profile_path, stamp
 from calibrate.fit import HELD_OUT, fit_profile
 from calibrate.grid import Grid
 from calibrate.host import host_info
-from calibrate.model import LoadedModel, build_as_profiled, build_model
+from calibrate.model import LoadedModel, build_as_profiled, build_model, weights_bytes
 from calibrate.journal import Journal
-from calibrate.memory_fit import fit_memory, model_config, weights_bytes
+from calibrate.memory_fit import fit_memory, model_config
 from calibrate.profiler import merge, run_grid
 from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
 from sim.costmodel import cost_model, load_profile

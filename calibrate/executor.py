@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from calibrate.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
-from calibrate.memory_fit import reset_peak
-from calibrate.model import LoadedModel
+from calibrate.model import LoadedModel, reset_peak
 from policies.base import Policy
 from sim.kvlimit import kv_limit_of, next_work
 from sim.log import EventLog

@@ -29,22 +29,6 @@ FOLDS = 4
 NO_COUNTER = "MLX reported no peak memory on this device (mx.get_peak_memory read 0): no memory model"
 
 
-def weights_bytes(lm) -> int:
-    """Bytes of the model's parameters, as MLX holds them."""
-    from mlx.utils import tree_flatten
-    return int(sum(v.nbytes for _, v in tree_flatten(lm.model.parameters())))
-
-
-def reset_peak(lm) -> int:
-    """Start a run's peak count; return the bytes in use that are not the run's, to subtract from the
-    peak read at its end: arrays the process holds besides the model's weights (another model, a
-    test's caches). sim.memory predicts the weights and what the run builds, nothing else; run
-    after mlx-lm's tests in one process, qwen3-tiny's runs read 1.35x their peak without this."""
-    import mlx.core as mx
-    mx.reset_peak_memory()
-    return max(0, mx.get_active_memory() - weights_bytes(lm))
-
-
 def model_config(prof_model: dict) -> dict:
     """The profile's `model` section as `kv_bytes_per_token` reads it: the shapes and the dtype."""
     return dict(prof_model.get("shapes") or {}, dtype=prof_model.get("dtype") or "float32")

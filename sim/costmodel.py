@@ -82,6 +82,12 @@ class CostModel(Protocol):
         """mlx-lm: `steps` generation steps of the same rows, no copies; the floats of `steps` calls."""
 
 
+def remainder_cost(rows: int, tile: int, rem: tuple[float, float]) -> float:
+    """What rows beyond a call's last whole tile add: rem[0] if there are any, rem[1] per row."""
+    r = rows % tile if tile else 0
+    return rem[0] + rem[1] * r if r else 0.0
+
+
 @dataclass(frozen=True)
 class Curve:
     """Seconds against a size (chunk tokens, batch rows): straight lines between measured sizes,
@@ -127,9 +133,7 @@ class MlxLmCosts:
         a, b, c, d = self.prompt_coef
         n = rows * tokens
         dense = self.prompt_dense(n) if self.prompt_dense else a + b * n
-        if self.prompt_tile and (r := n % self.prompt_tile):
-            dense += self.prompt_rem[0] + self.prompt_rem[1] * r
-        return dense + c * n * (idx + tokens) + d * rows * idx
+        return dense + remainder_cost(n, self.prompt_tile, self.prompt_rem) + c * n * (idx + tokens) + d * rows * idx
 
     def step(self, contexts: Sequence[int]) -> float:
         a, b, c, e = self.step_coef
@@ -205,9 +209,7 @@ class LinearCostModel:
     def _prefill_terms(self, chunk: int) -> tuple[float, float, float]:
         a, b, c, d = self.prefill_coef
         dense = self.prefill_dense(chunk) if self.prefill_dense else a + b * chunk
-        if self.prefill_tile and (r := chunk % self.prefill_tile):
-            dense += self.prefill_rem[0] + self.prefill_rem[1] * r
-        return dense, c, d
+        return dense + remainder_cost(chunk, self.prefill_tile, self.prefill_rem), c, d
 
     def prefill(self, chunk: int, prefix: int) -> float:
         dense, c, d = self._prefill_terms(chunk)
