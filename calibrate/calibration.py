@@ -91,7 +91,8 @@ class EngineRuns:
     def __init__(self, lm: LoadedModel, loads: dict[str, list[Workload]], journal: Journal, progress: bool = True):
         self.loads, self.journal, self.partial, self.progress = loads, journal, journal.path, progress
         self.model = {"name": lm.name, "dtype": lm.dtype, "quant_bits": lm.quant_bits, "weights": lm.source}
-        self.done: dict[str, EventLog] = {}
+        self.done: dict[str, dict] = {}
+        self.probes: dict[str, dict] = {}
 
     def schedule(self, rounds: int) -> list[list[Workload]]:
         """Which workloads run after each round: train and held-out ones alternating, spread evenly."""
@@ -103,17 +104,19 @@ class EngineRuns:
         self._read()
         todo = [w for w in loads if w.name not in self.done]
         folder = self.partial.with_name(self.partial.name + ".runs")
-        for w, log in zip(todo, run_workloads(self.model, todo, folder, self.progress)):  # each saved as it ends
-            self.done[w.name] = log
-            self.journal.append({"workload": w.name, "log": log})
+        for w, (log, probe) in zip(todo, run_workloads(self.model, todo, folder, self.progress)):  # saved as each ends
+            self.done[w.name], self.probes[w.name] = log, probe
+            self.journal.append({"workload": w.name, "log": log, "probe": probe})
 
     def records(self) -> list[dict]:
         """Every workload's run (running any not run yet): its part (train, held_out), setting,
-        trace and log, as the profile keeps them (`engine_samples` derives the samples again)."""
+        trace, log and speed probes, as the profile keeps them (`engine_samples` derives the
+        samples again; a confirm times its probes against these, `calibrate.speed_probe`)."""
         self.run([w for ws in self.loads.values() for w in ws])
         shutil.rmtree(self.partial.with_name(self.partial.name + ".runs"), ignore_errors=True)
         return [{"name": w.name, "part": part, "setting": w.setting, "trace": w.trace.to_dict(),
-                 "log": self.done[w.name]} for part, ws in self.loads.items() for w in ws]
+                 "log": self.done[w.name], **({"probe": self.probes[w.name]} if w.name in self.probes else {})}
+                for part, ws in self.loads.items() for w in ws]
 
     def _read(self) -> None:
         for row in self.journal.records:
@@ -122,6 +125,8 @@ class EngineRuns:
             try:
                 EventLog.from_dict(row["log"])  # a whole log, or skip it
                 self.done.setdefault(row["workload"], row["log"])
+                if row.get("probe"):  # partial files before stop 25 kept none
+                    self.probes.setdefault(row["workload"], row["probe"])
             except (KeyError, TypeError, ValueError):
                 continue
 

@@ -24,7 +24,7 @@ from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
 from calibrate.replay import relogged
-from calibrate.speed_probe import probe_engine, probe_speed
+from calibrate.speed_probe import probe_engine, probe_speed, reference_probes, timed_speed
 from calibrate.confirm_runs import RunsFolder, finished_run, model_spec, runs_manifest
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.costmodel import CostModel, check_profile_matches, cost_model
@@ -161,16 +161,17 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
 
     Where the runs carry speed probes (`calibrate.speed_probe`), the prediction is made at the
     machine's speed around them (prefill and decode apart, each the median over runs,
-    `sim.speed`), and the one at the calibration's speed is kept beside it
+    `sim.speed`; timed against the profile's own probes where it has them, `probed_speed`), and
+    the one at the calibration's speed is kept beside it
     (`at_calibration_speed`): how much of a miss the machine's drift made."""
     cost, noise = cost_model(prof), CallNoise.from_json(prof.get("fit", {}).get("noise"))
-    results = []
+    reference, results = reference_probes(prof), []
     for s in settings:
         label = setting_label(s)
         # the worker served a warm-up first, in the same process: predict that process
         warm, policy = warmup_trace(trace), partial(policies.make, **s, cost=cost)  # a fresh policy per replay
         mine = [r for r in runs if r["label"] == label]
-        probes = [probed_speed(r, cost) for r in mine]
+        probes = [probed_speed(r, cost, reference) for r in mine]
         known = [p for p in probes if p]
         speed = MachineSpeed(statistics.median(p["prefill"] for p in known),
                              statistics.median(p["decode"] for p in known)) if known else MachineSpeed()
@@ -206,19 +207,31 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
     return results
 
 
-def probed_speed(run: dict, cost: CostModel) -> dict | None:
+def probed_speed(run: dict, cost: CostModel, reference: list[dict] = ()) -> dict | None:
     """The machine's speed around one run, from its probes (`calibrate.speed_probe`): prefill and
-    decode over both probes, and each probe's alone (`before`, `after`); None for a run without
-    probes (measured before them) or a profile that cannot price them."""
+    decode over both probes, and each probe's alone (`before`, `after`); timed against the
+    calibration's own probes (`reference`, `speed_probe.reference_probes`) where it has the same
+    probe, else priced by the profile (`method`; `priced` the priced speed beside a timed one).
+    None for a run without probes (measured before them) or a profile that can do neither."""
     probe = run.get("probe")
     if not probe or not probe.get("logs"):
         return None
-    trace = Trace.from_dicts(probe["trace"]["requests"], probe["trace"]["meta"], source="speed probe")
-    logs = [relogged(trace, log, probe["setting"]) for log in probe["logs"]]
-    both, before, after = probe_speed(logs, cost), probe_speed(logs[:1], cost), probe_speed(logs[-1:], cost)
-    if both is None:
+    logs = probe_logs(probe)
+    then = [log for p in reference if p["setting"] == probe["setting"] and p["trace"] == probe["trace"]
+            for log in probe_logs(p)]
+    priced = probe_speed(logs, cost)
+    both = timed_speed(logs, then)
+    if both is None and priced is None:
         return None
-    return {**both.to_json(), "before": before and before.to_json(), "after": after and after.to_json()}
+    read = (lambda ls: timed_speed(ls, then)) if both else (lambda ls: probe_speed(ls, cost))
+    before, after = read(logs[:1]), read(logs[-1:])
+    return {**(both or priced).to_json(), "method": "timed" if both else "priced", "priced": priced and priced.to_json(),
+            "before": before and before.to_json(), "after": after and after.to_json()}
+
+
+def probe_logs(probe: dict) -> list[EventLog]:
+    trace = Trace.from_dicts(probe["trace"]["requests"], probe["trace"]["meta"], source="speed probe")
+    return [relogged(trace, log, probe["setting"]) for log in probe["logs"]]
 
 
 def run_speed(log: EventLog, cost: CostModel) -> float | None:

@@ -6,11 +6,15 @@ That is the machine, not the cost model, and no cost model can predict it. So ea
 worker serves this probe, in its own process, just before and just after its timed run: two
 requests under fifo, prompts of 32 and 64 tokens (aligned grid shapes) and steady decodes of a
 batch of one, the calls a calibration prices best (its joins and buffer growths are left out).
-The median over the probe's prefills of predicted over measured is the machine's prefill speed
-then, over its decodes its decode speed (`sim.speed.MachineSpeed`: the two move apart, a
-prefill is bound by arithmetic and a decode by memory); the run is predicted at them
-(`sim.predict.replays`), and the report keeps the prediction at the calibration's speed beside
-it. The probe is never a call of the run being scored. A profile of mlx-lm's calls is probed on
+A calibration serves the same probe around each of its engine runs and keeps it. The median
+over the probe's prefills of the calibration's time for the call over the time now is the
+machine's prefill speed then, over its decodes its decode speed (`timed_speed`;
+`sim.speed.MachineSpeed`: the two move apart, a prefill is bound by arithmetic and a decode by
+memory). A profile from before stop 25 has no probes of its own: there the speed is the probe's
+predicted over measured (`probe_speed`), which also scales every prediction by whatever the model
+gets wrong on the probe's shapes (stop 24: the probes read 0.98-1.09x the speed the runs' own
+calls ran at against their prices). The run is predicted at the speed (`sim.predict.replays`),
+and the report keeps the prediction at the calibration's speed beside it. The probe is never a call of the run being scored. A profile of mlx-lm's calls is probed on
 BatchGenerator (`MLX_SETTING`: the same requests, one prompt a call), its prompt calls giving the
 prefill speed and its generation steps the decode speed (stop 23: a confirm of three settings had
 runs 28% apart in speed, and nothing said so in the prediction).
@@ -23,8 +27,8 @@ import policies
 
 from calibrate.executor import RealEngine
 from sim.costmodel import CostModel
-from sim.log import EventLog
-from sim.residuals import call_ratios
+from sim.log import Call, EventLog
+from sim.residuals import call_kind, call_ratios
 from sim.speed import MachineSpeed
 from traces.generators import fixed
 from traces.trace import Trace
@@ -51,6 +55,37 @@ def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
     if not prefill or not decode:
         return None
     return MachineSpeed(statistics.median(prefill), statistics.median(decode))
+
+
+def timed_speed(logs: list[EventLog], reference: list[EventLog]) -> MachineSpeed | None:
+    """The median over the probes' prefills, and over their decodes, of the calibration's time for
+    the same call (the median over its probes, `reference_logs`) over the time now: the machine's
+    speed with no cost model in it, so a price the model gets wrong on the probe's shapes does not
+    scale every prediction. None where the calls are not the calibration's, one for one."""
+    if not logs or not reference:
+        return None
+    shapes = [[shape(c) for c in log.calls] for log in reference + logs]
+    if any(s != shapes[0] for s in shapes):
+        return None
+    then = [statistics.median(c.end - c.start for c in calls) for calls in zip(*(log.calls for log in reference))]
+    prefill, decode = [], []
+    for log in logs:
+        for (kind, *_), t, c in zip(shapes[0], then, log.calls):
+            if t > 0 and c.end > c.start:
+                (prefill if kind in PREFILLS else decode if kind in DECODES else []).append(t / (c.end - c.start))
+    if not prefill or not decode:
+        return None
+    return MachineSpeed(statistics.median(prefill), statistics.median(decode))
+
+
+def shape(c: Call) -> tuple:
+    return call_kind(c), c.tokens, c.prefix, c.contexts, c.joined, c.left, len(c.rids)
+
+
+def reference_probes(prof: dict) -> list[dict]:
+    """The probes a calibration served around its engine runs (`calibrate.replay`; none in
+    profiles before stop 25), as a confirm run keeps its own (`Probe.result`)."""
+    return [r["probe"] for r in prof.get("engine_runs") or [] if (r.get("probe") or {}).get("logs")]
 
 
 def probe_engine(prof: dict, engine: str) -> str | None:

@@ -377,3 +377,14 @@ def check_engine_runs(w: _Where, runs) -> None:
             if not isinstance(log.get(key), list):
                 raise w.fail(f"{f}.log.{key}", "must be a list")
         _obj(w, log.get("tokens"), f"{f}.log.tokens")
+        if r.get("probe") is not None:  # the speed probes around the run (`calibrate.speed_probe`)
+            probe = _obj(w, r["probe"], f"{f}.probe")
+            _obj(w, probe.get("setting"), f"{f}.probe.setting")
+            if not isinstance(_obj(w, probe.get("trace"), f"{f}.probe.trace").get("requests"), list):
+                raise w.fail(f"{f}.probe.trace.requests", "must be a list of requests")
+            if not isinstance(probe.get("logs"), list):
+                raise w.fail(f"{f}.probe.logs", "must be a list")
+            for j, plog in enumerate(probe["logs"]):
+                for key in ("requests", "calls"):
+                    if not isinstance(_obj(w, plog, f"{f}.probe.logs[{j}]").get(key), list):
+                        raise w.fail(f"{f}.probe.logs[{j}].{key}", "must be a list")

@@ -73,6 +73,11 @@ def test_unreadable_trace_and_profile(tmp_path, capsys):
     (lambda d: d["cost"]["prefill"].__setitem__("use", "grid"), "cost.prefill.grid"),
     (lambda d: d["cost"]["prefill"]["coef"].__setitem__(0, -1.0), "must be >= 0"),  # was "time went backwards"
     (lambda d: d["model"].__setitem__("max_context", 0.5), "max_context"),
+    (lambda d: d.__setitem__("engine_runs", [{  # a calibration's speed probes, damaged
+        "name": "w", "part": "train", "setting": {}, "trace": {"requests": []},
+        "log": {"requests": [], "calls": [], "tokens": {}},
+        "probe": {"setting": {}, "trace": {"requests": []}, "logs": [{"requests": []}]}}]),
+     "engine_runs[0].probe.logs[0].calls"),
 ])
 def test_profile_fields_of_the_wrong_type_or_value(tmp_path, capsys, change, needle):
     prof = profile(tmp_path, change)

@@ -7,10 +7,13 @@ import sys
 import numpy as np
 import pytest
 
-from calibrate.calibration import add_rounds, calibrate
+from calibrate.calibration import EngineRuns, add_rounds, calibrate
+from calibrate.journal import Journal
+from calibrate.replay import Workload, workloads
 from calibrate.grid import QUICK, TINY, Grid
 from calibrate.model import build_model
 from calibrate.kernels import DecodeBatch
+from calibrate.speed_probe import SETTING
 from calibrate.profiler import ONCE, batch_cache, master_cache, run_grid, sliced
 from sim.costmodel import cost_model, load_profile
 from sim.errors import UserError
@@ -54,6 +57,10 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     assert all(r["ratio_p10"] <= r["ratio_median"] <= r["ratio_p90"] for r in replay["by_kind"])
     assert 0 <= replay["between_calls_share"] < 0.5 and "engine replay, held out" in stdout
     assert any(s.get("held_out") for s in prof["samples"] if s["step"] == "prefill")
+    # each engine run was probed before and after, as a confirm run is: what confirms time theirs against
+    assert all(r["probe"]["setting"] == SETTING and len(r["probe"]["logs"]) == 2 for r in prof["engine_runs"])
+    assert all({c[0] for c in log["calls"]} >= {"prefill", "decode"} for r in prof["engine_runs"]
+               for log in r["probe"]["logs"])
     for step in ("prefill", "decode", "sync"):
         e = prof["fit"]["errors"][step]
         assert 0 <= e["form_mean"] <= e["form_max"]
@@ -183,3 +190,24 @@ def test_calibrate_bad_input(tmp_path):
     code, _, err = pdsim("calibrate", "--model", "qwen3-tiny", "--grid", "tiny", "--offsets", "5000",
                          "-o", str(tmp_path / "x.json"))
     assert code == 2 and "context" in err and "Traceback" not in err
+
+
+def test_an_interrupted_calibrations_engine_runs_resume_with_their_probes(tmp_path):
+    """An engine run (and its speed probes) finished before an interrupt is read back from the
+    partial file, not served again; a row from before probes were kept resumes without one."""
+    lm = build_model("qwen3-tiny")
+    w = workloads(2, 16, lm.vocab_size)["held_out"][0]
+    old = Workload("older", w.trace, w.setting)
+    path, header = tmp_path / "p.partial.jsonl", {"model": "qwen3-tiny"}
+    with Journal(path, header) as journal:
+        EngineRuns(lm, {"held_out": [w]}, journal, progress=False).run([w])
+    (row,) = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    assert row["workload"] == w.name and len(row["probe"]["logs"]) == 2
+    with path.open("a") as f:  # a row as a partial file from before stop 25 has it
+        f.write(json.dumps({"workload": old.name, "log": row["log"]}) + "\n")
+    with Journal(path, header) as journal:
+        runs = EngineRuns(lm, {"held_out": [w, old]}, journal, progress=False)
+        mine, older = runs.records()  # nothing left to run: a new run would be timed again
+    assert mine["log"] == row["log"] and mine["probe"] == row["probe"]
+    assert older["log"] == row["log"] and "probe" not in older
+    assert len(path.read_text().splitlines()) == 3

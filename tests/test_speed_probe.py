@@ -4,7 +4,7 @@ import pytest
 
 import policies
 from calibrate.confirm import compare, probed_speed
-from calibrate.speed_probe import SETTING, probe_speed, probe_trace
+from calibrate.speed_probe import SETTING, probe_speed, probe_trace, reference_probes, timed_speed
 from calibrate.worker import warmup_trace
 from sim.costmodel import BUILTIN, LinearCostModel, cost_model, load_profile
 from sim.metrics import score
@@ -95,3 +95,48 @@ def test_probe_speed_is_the_median_of_its_calls_and_needs_pdsim_prices():
     got = probe_speed([log], cost)
     assert (got.prefill, got.decode) == pytest.approx((0.75, 1.0))
     assert probe_speed([log], LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), pdsim_forms=False)) is None
+
+
+def probes_at(cost, factor, n=2, probe_cost=1.0):
+    """A run's probes as a worker keeps them, every call `factor` times its price, the probe's own
+    calls `probe_cost` times more (a model that prices the probe's shapes wrong)."""
+    probe = probe_trace(151_936)
+    logs = [simulate(probe, policies.make(**SETTING), cost, noise=slow(factor * probe_cost)).to_dict() for _ in range(n)]
+    return {"trace": probe.to_dict(), "setting": SETTING, "logs": logs}
+
+
+def test_probes_are_timed_against_the_calibrations_own_so_a_mispriced_probe_moves_nothing():
+    """The model prices the probe's calls 10% fast: on the machine it was calibrated on they ran
+    1.1x their price. A confirm on a machine 1.25x slower is predicted at 1/1.25 from the probes'
+    times against the calibration's, where their prices alone read 1/1.375 and miss by 10%."""
+    prof = load_profile(BUILTIN)
+    cost, trace = cost_model(prof), tinyllm(num_seqs=4, min_in=20, max_in=90, min_out=4, max_out=9, seed=3)
+    setting = {"policy": "fifo"}
+    runs = [dict(measured(trace, setting, cost, SLOW, r), probe=probes_at(cost, SLOW, probe_cost=1.1)) for r in range(2)]
+    calibrated = dict(prof, engine_runs=[{"name": f"w{i}", "probe": probes_at(cost, 1.0, probe_cost=1.1)}
+                                         for i in range(3)])
+    got = probed_speed(runs[0], cost, reference_probes(calibrated))
+    assert got["method"] == "timed"
+    assert (got["prefill"], got["decode"]) == pytest.approx((1 / SLOW, 1 / SLOW))
+    assert got["priced"] == pytest.approx({"prefill": 1 / SLOW / 1.1, "decode": 1 / SLOW / 1.1})
+    (timed,) = compare(calibrated, trace, [setting], runs, replicas=0)
+    (priced,) = compare(prof, trace, [setting], runs, replicas=0)  # a profile from before its probes were kept
+    assert {r["method"] for r in priced["machine_speed"]["runs"]} == {"priced"}
+    for k in ("decode_gap_max_ms", "p50_ttft_ms", "makespan_s"):
+        assert timed["rel_error"][k] == pytest.approx(0, abs=0.01), k
+        assert priced["rel_error"][k] == pytest.approx(0.1, abs=0.02), k
+
+
+def test_a_probe_unlike_the_calibrations_is_priced_not_timed():
+    """Timing a call against another call would read the shapes' difference as the machine's: a
+    reference probe of other calls (another setting, or the same probe making other calls) is not used."""
+    cost = cost_model(load_profile(BUILTIN))
+    run = {"probe": probes_at(cost, SLOW)}
+    other = dict(probes_at(cost, 1.0), setting={"policy": "eager", "batch_size": 2})
+    assert probed_speed(run, cost, [other])["method"] == "priced"
+    cut = probes_at(cost, 1.0)
+    cut["logs"] = [dict(log, calls=log["calls"][:-1]) for log in cut["logs"]]
+    assert timed_speed([EventLog.from_dict(d) for d in run["probe"]["logs"]],
+                       [EventLog.from_dict(d) for d in cut["logs"]]) is None
+    same = probed_speed(run, cost, [probes_at(cost, 1.0)])
+    assert same["method"] == "timed" and (same["prefill"], same["decode"]) == pytest.approx((1 / SLOW, 1 / SLOW))
