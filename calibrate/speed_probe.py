@@ -14,10 +14,11 @@ memory). A profile from before stop 25 has no probes of its own: there the speed
 predicted over measured (`probe_speed`), which also scales every prediction by whatever the model
 gets wrong on the probe's shapes (stop 24: the probes read 0.98-1.09x the speed the runs' own
 calls ran at against their prices). The run is predicted at the speed (`sim.predict.replays`),
-and the report keeps the prediction at the calibration's speed beside it. The probe is never a call of the run being scored. A profile of mlx-lm's calls is probed on
-BatchGenerator (`MLX_SETTING`: the same requests, one prompt a call), its prompt calls giving the
-prefill speed and its generation steps the decode speed (stop 23: a confirm of three settings had
-runs 28% apart in speed, and nothing said so in the prediction).
+and the report keeps the prediction at the calibration's speed beside it. The probe is never a
+call of the run being scored. A profile of mlx-lm's calls is probed on BatchGenerator
+(`MLX_SETTING`: the same requests, one prompt a call), its prompt calls giving the prefill speed
+and its generation steps the decode speed (stop 23: a confirm of three settings had runs 28%
+apart in speed, and nothing said so in the prediction).
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
 
 def timed_speed(logs: list[EventLog], reference: list[EventLog]) -> MachineSpeed | None:
     """The median over the probes' prefills, and over their decodes, of the calibration's time for
-    the same call (the median over its probes, `reference_logs`) over the time now: the machine's
+    the same call (the median over its probes, `reference_probes`) over the time now: the machine's
     speed with no cost model in it, so a price the model gets wrong on the probe's shapes does not
     scale every prediction. None where the calls are not the calibration's, one for one."""
     if not logs or not reference:
@@ -79,6 +80,7 @@ def timed_speed(logs: list[EventLog], reference: list[EventLog]) -> MachineSpeed
 
 
 def shape(c: Call) -> tuple:
+    """What makes two calls the same work: a call is timed only against one of its own shape."""
     return call_kind(c), c.tokens, c.prefix, c.contexts, c.joined, c.left, len(c.rids)
 
 
