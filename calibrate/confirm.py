@@ -161,8 +161,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
 
     Where the runs carry speed probes (`calibrate.speed_probe`), the prediction is made at the
     machine's speed around them (prefill and decode apart, each the median over runs,
-    `sim.speed`; timed against the profile's own probes where it has them, `probed_speed`), and
-    the one at the calibration's speed is kept beside it
+    `sim.speed`; `probed_speed`), and the one at the calibration's speed is kept beside it
     (`at_calibration_speed`): how much of a miss the machine's drift made."""
     cost, noise = cost_model(prof), CallNoise.from_json(prof.get("fit", {}).get("noise"))
     reference, results = reference_probes(prof), []
@@ -209,23 +208,23 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
 
 def probed_speed(run: dict, cost: CostModel, reference: list[dict] = ()) -> dict | None:
     """The machine's speed around one run, from its probes (`calibrate.speed_probe`): prefill and
-    decode over both probes, and each probe's alone (`before`, `after`); timed against the
-    calibration's own probes (`reference`, `speed_probe.reference_probes`) where it has the same
-    probe, else priced by the profile (`method`; `priced` the priced speed beside a timed one).
-    None for a run without probes (measured before them) or a profile that can do neither."""
+    decode over both probes, and each probe's alone (`before`, `after`); priced by the profile,
+    or where it cannot price them timed against the calibration's own probes (`reference`,
+    `speed_probe.reference_probes`; `method`). `timed`: the timed speed, beside the priced one,
+    where the profile has the same probe. None for a run without probes (measured before them)
+    or a profile that can do neither."""
     probe = run.get("probe")
     if not probe or not probe.get("logs"):
         return None
     logs = probe_logs(probe)
     then = [log for p in reference if p["setting"] == probe["setting"] and p["trace"] == probe["trace"]
             for log in probe_logs(p)]
-    priced = probe_speed(logs, cost)
-    both = timed_speed(logs, then)
-    if both is None and priced is None:
+    priced, timed = probe_speed(logs, cost), timed_speed(logs, then)
+    if priced is None and timed is None:
         return None
-    read = (lambda ls: timed_speed(ls, then)) if both else (lambda ls: probe_speed(ls, cost))
+    read = (lambda ls: probe_speed(ls, cost)) if priced else (lambda ls: timed_speed(ls, then))
     before, after = read(logs[:1]), read(logs[-1:])
-    return {**(both or priced).to_json(), "method": "timed" if both else "priced", "priced": priced and priced.to_json(),
+    return {**(priced or timed).to_json(), "method": "priced" if priced else "timed", "timed": timed and timed.to_json(),
             "before": before and before.to_json(), "after": after and after.to_json()}
 
 

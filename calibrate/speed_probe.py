@@ -6,19 +6,20 @@ That is the machine, not the cost model, and no cost model can predict it. So ea
 worker serves this probe, in its own process, just before and just after its timed run: two
 requests under fifo, prompts of 32 and 64 tokens (aligned grid shapes) and steady decodes of a
 batch of one, the calls a calibration prices best (its joins and buffer growths are left out).
-A calibration serves the same probe around each of its engine runs and keeps it. The median
-over the probe's prefills of the calibration's time for the call over the time now is the
-machine's prefill speed then, over its decodes its decode speed (`timed_speed`;
-`sim.speed.MachineSpeed`: the two move apart, a prefill is bound by arithmetic and a decode by
-memory). A profile from before stop 25 has no probes of its own: there the speed is the probe's
-predicted over measured (`probe_speed`), which also scales every prediction by whatever the model
-gets wrong on the probe's shapes (stop 24: the probes read 0.98-1.09x the speed the runs' own
-calls ran at against their prices). The run is predicted at the speed (`sim.predict.replays`),
-and the report keeps the prediction at the calibration's speed beside it. The probe is never a
-call of the run being scored. A profile of mlx-lm's calls is probed on BatchGenerator
-(`MLX_SETTING`: the same requests, one prompt a call), its prompt calls giving the prefill speed
-and its generation steps the decode speed (stop 23: a confirm of three settings had runs 28%
-apart in speed, and nothing said so in the prediction).
+The median over the probe's prefills of predicted over measured is the machine's prefill speed
+then, over its decodes its decode speed (`probe_speed`; `sim.speed.MachineSpeed`: the two move
+apart, a prefill is bound by arithmetic and a decode by memory). That also scales a prediction
+by whatever the model gets wrong on the probe's own shapes, so since stop 25 a calibration serves
+the same probe around each of its engine runs and keeps it, and each report has beside the
+priced speed the timed one, the calibration's time for each call over its time now, with no
+price in it (`timed_speed`; used where the profile cannot price the probe). Measured on twelve
+confirm settings (README, stop 25) the timed speed held no better: the probe's two prefills
+moved 5-9% between calibration and confirm where the runs' calls did not. The run is predicted
+at the speed (`sim.predict.replays`), and the report keeps the prediction at the calibration's
+speed beside it. The probe is never a call of the run being scored. A profile of mlx-lm's calls
+is probed on BatchGenerator (`MLX_SETTING`: the same requests, one prompt a call), its prompt
+calls giving the prefill speed and its generation steps the decode speed (stop 23: a confirm of
+three settings had runs 28% apart in speed, and nothing said so in the prediction).
 """
 from __future__ import annotations
 
@@ -61,8 +62,7 @@ def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
 def timed_speed(logs: list[EventLog], reference: list[EventLog]) -> MachineSpeed | None:
     """The median over the probes' prefills, and over their decodes, of the calibration's time for
     the same call (the median over its probes, `reference_probes`) over the time now: the machine's
-    speed with no cost model in it, so a price the model gets wrong on the probe's shapes does not
-    scale every prediction. None where the calls are not the calibration's, one for one."""
+    speed with no cost model in it. None where the calls are not the calibration's, one for one."""
     if not logs or not reference:
         return None
     shapes = [[shape(c) for c in log.calls] for log in reference + logs]

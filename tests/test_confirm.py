@@ -110,12 +110,13 @@ def test_confirm_end_to_end(profile, tmp_path):
         runs = [r for r in rep["runs"] if r["label"] == res["label"]]
         assert all(len(r["probe"]["logs"]) == 2 for r in runs)
         for kind in ("prefill", "decode"):
-            assert {p["method"] for p in res["machine_speed"]["runs"]} == {"timed"}  # the profile has its probes
+            assert {p["method"] for p in res["machine_speed"]["runs"]} == {"priced"}
+            assert all(0.2 < p["timed"][kind] < 5 for p in res["machine_speed"]["runs"])  # the profile has its probes
             speeds = [p[kind] for p in res["machine_speed"]["runs"]]
             assert all(0.2 < v < 5 for v in speeds)
             assert res["machine_speed"]["median"][kind] == statistics.median(speeds)
     assert "machine speed against the calibration" in stdout and "at calib. speed" in stdout
-    assert "timed against the calibration's own" in stdout
+    assert "timed against the calibration's probes" in stdout
     # the report is never overwritten
     code, _, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--budget", "8", "--repeats", "1",
                          "-o", str(out))

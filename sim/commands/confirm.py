@@ -86,13 +86,14 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                                  "rel. error", "at calib. speed"][:len(cols)]))
         if speed:
             runs = [p for p in res["machine_speed"]["runs"] if p.get("prefill")]
-            timed = all(p.get("method") == "timed" for p in runs)  # reports before stop 25: priced
-            how = "timed against the calibration's own" if timed else "priced by the profile"
+            timed = [p for p in runs if p.get("timed") and p.get("method") == "priced"]  # since stop 25
+            how = "timed against the calibration's own" if all(p.get("method") == "timed" for p in runs) \
+                else "priced by the profile"
             print(f"machine speed against the calibration, prefill/decode (speed probes before and after each run, "
                   f"{how}): " + " ".join(f"r{p['repeat']} {p['prefill']:.2f}/{p['decode']:.2f}" for p in runs)
                   + f"; predicted at {speed['prefill']:.2f}/{speed['decode']:.2f}"
-                  + ("; priced by the profile: " + " ".join(f"r{p['repeat']} {p['priced']['prefill']:.2f}/"
-                                                         f"{p['priced']['decode']:.2f}" for p in runs if p["priced"])
+                  + ("; timed against the calibration's probes: " + " ".join(
+                      f"r{p['repeat']} {p['timed']['prefill']:.2f}/{p['timed']['decode']:.2f}" for p in timed)
                      if timed else ""))
         speeds = {r["repeat"]: r["pred_over_meas"] for r in res.get("run_speed", ()) if r["pred_over_meas"]}
         if speeds:
