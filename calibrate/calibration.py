@@ -110,7 +110,7 @@ class EngineRuns:
 
     def records(self) -> list[dict]:
         """Every workload's run (running any not run yet): its part (train, held_out), setting,
-        trace, log and speed probes, as the profile keeps them (`engine_samples` derives the
+        trace, log and speed probe, as the profile keeps them (`engine_samples` derives the
         samples again; a confirm times its probes against these, `calibrate.speed_probe`)."""
         self.run([w for ws in self.loads.values() for w in ws])
         shutil.rmtree(self.partial.with_name(self.partial.name + ".runs"), ignore_errors=True)

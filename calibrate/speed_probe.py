@@ -10,7 +10,7 @@ The median over the probe's prefills of predicted over measured is the machine's
 then, over its decodes its decode speed (`probe_speed`; `sim.speed.MachineSpeed`: the two move
 apart, a prefill is bound by arithmetic and a decode by memory). That also scales a prediction
 by whatever the model gets wrong on the probe's own shapes, so since stop 25 a calibration serves
-the same probe around each of its engine runs and keeps it, and each report has beside the
+the same probe before each of its engine runs and keeps it, and each report has beside the
 priced speed the timed one, the calibration's time for each call over its time now, with no
 price in it (`timed_speed`; used where the profile cannot price the probe). Measured on twelve
 confirm settings (README, stop 25) the timed speed held no better: the probe's two prefills
@@ -101,16 +101,21 @@ def probe_engine(prof: dict, engine: str) -> str | None:
 class Probe:
     """The machine's speed just before and just after a timed run (`calibrate.speed_probe`), on an
     engine of its own, so the run's engine state is the one the warm-up left; `engine`: what the
-    spec asks for (`probe_engine`; True, from older specs: pdsim's; None: no probe, as in a
-    calibration's runs)."""
+    spec asks for (`probe_engine`; True, from older specs: pdsim's; None: no probe); `after`:
+    whether to serve the one after the run too."""
 
-    def __init__(self, lm, engine: str | bool | None):
-        self.engine = "pdsim" if engine is True else engine or None
+    def __init__(self, lm, engine: str | bool | None, after: bool = True):
+        self.engine, self.after = "pdsim" if engine is True else engine or None, after
         self.lm, self.trace, self.logs = lm, probe_trace(lm.vocab_size), []
         self.setting = MLX_SETTING if self.engine == "mlx-lm" else SETTING
         self.pdsim = RealEngine(lm) if self.engine == "pdsim" else None
 
-    def run(self) -> None:
+    def run(self, after: bool = False) -> None:
+        """Serve the probe once; `after`: the one after the timed run, which a calibration's
+        engine runs skip (`Probe(after=False)`: about 6 s each, and the before-probes are enough
+        to time a confirm's probes against)."""
+        if after and not self.after:
+            return
         if self.engine == "mlx-lm":
             from calibrate.batchgen import run_batch_generator
             self.logs.append(run_batch_generator(self.lm, self.trace, self.setting)[0].log.to_dict())
