@@ -101,21 +101,16 @@ def probe_engine(prof: dict, engine: str) -> str | None:
 class Probe:
     """The machine's speed just before and just after a timed run (`calibrate.speed_probe`), on an
     engine of its own, so the run's engine state is the one the warm-up left; `engine`: what the
-    spec asks for (`probe_engine`; True, from older specs: pdsim's; None: no probe); `after`:
-    whether to serve the one after the run too."""
+    spec asks for (`probe_engine`; True, from older specs: pdsim's; None: no probe). A
+    calibration's engine runs serve only the one before (spec `probe_after`: about 6 s each)."""
 
-    def __init__(self, lm, engine: str | bool | None, after: bool = True):
-        self.engine, self.after = "pdsim" if engine is True else engine or None, after
+    def __init__(self, lm, engine: str | bool | None):
+        self.engine = "pdsim" if engine is True else engine or None
         self.lm, self.trace, self.logs = lm, probe_trace(lm.vocab_size), []
         self.setting = MLX_SETTING if self.engine == "mlx-lm" else SETTING
         self.pdsim = RealEngine(lm) if self.engine == "pdsim" else None
 
-    def run(self, after: bool = False) -> None:
-        """Serve the probe once; `after`: the one after the timed run, which a calibration's
-        engine runs skip (`Probe(after=False)`: about 6 s each, and the before-probes are enough
-        to time a confirm's probes against)."""
-        if after and not self.after:
-            return
+    def run(self) -> None:
         if self.engine == "mlx-lm":
             from calibrate.batchgen import run_batch_generator
             self.logs.append(run_batch_generator(self.lm, self.trace, self.setting)[0].log.to_dict())

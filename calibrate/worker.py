@@ -41,7 +41,7 @@ def run_spec(spec: dict) -> dict:
     if spec.get("engine", "pdsim") == "mlx-lm":
         return _run_batch_generator(lm, trace, spec)
     # the device's KV capacity as the profile gives it, so both executors enforce the same limit
-    engine, probe = RealEngine(lm, kv_capacity=spec.get("kv_capacity")), Probe(lm, spec.get("probe"), spec.get("probe_after", True))
+    engine, probe = RealEngine(lm, kv_capacity=spec.get("kv_capacity")), Probe(lm, spec.get("probe"))
     # an auto:MS budget prices its chunks with the profile confirm was given, as the simulator does
     cost = cost_model({"cost": spec["cost"]}) if "cost" in spec else None
     policy = policies.make(**spec["setting"], cost=cost)
@@ -51,7 +51,8 @@ def run_spec(spec: dict) -> dict:
     t0 = time.perf_counter()
     run = engine.run(trace, policy)
     wall = time.perf_counter() - t0
-    probe.run(after=True)
+    if spec.get("probe_after", True):  # a calibration's engine runs: the probe before only
+        probe.run()
     return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
             "wall_s": wall, "host": host_info(), "setting": spec["setting"], "probe": probe.result(),
             "trace_sha256": trace.sha256(), "warmup": spec.get("warmup", 1)}  # what was measured, to resume by
@@ -60,7 +61,7 @@ def run_spec(spec: dict) -> dict:
 def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
     from calibrate.batchgen import run_batch_generator
     from calibrate.mlxlm_batches import installed_version
-    largest, checks, probe = 0, [], Probe(lm, spec.get("probe"), spec.get("probe_after", True))
+    largest, checks, probe = 0, [], Probe(lm, spec.get("probe"))
     for _ in range(spec.get("warmup", 1)):  # the warm-ups' calls are checked too, not kept (as pdsim's)
         _, check, largest = run_batch_generator(lm, warmup_trace(trace), spec["setting"], largest)
         checks.append(check)
@@ -68,7 +69,8 @@ def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
     t0 = time.perf_counter()
     run, check, _ = run_batch_generator(lm, trace, spec["setting"], largest)
     wall = time.perf_counter() - t0
-    probe.run(after=True)
+    if spec.get("probe_after", True):  # a calibration's engine runs: the probe before only
+        probe.run()
     checks.append(check)
     return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
             "wall_s": wall, "host": host_info(), "setting": spec["setting"], "probe": probe.result(),

@@ -372,11 +372,7 @@ def check_engine_runs(w: _Where, runs) -> None:
         trace = _obj(w, r.get("trace"), f"{f}.trace")
         if not isinstance(trace.get("requests"), list):
             raise w.fail(f"{f}.trace.requests", "must be a list of requests")
-        log = _obj(w, r.get("log"), f"{f}.log")
-        for key in ("requests", "calls"):
-            if not isinstance(log.get(key), list):
-                raise w.fail(f"{f}.log.{key}", "must be a list")
-        _obj(w, log.get("tokens"), f"{f}.log.tokens")
+        _obj(w, _log(w, r.get("log"), f"{f}.log").get("tokens"), f"{f}.log.tokens")
         if r.get("probe") is not None:  # the speed probes around the run (`calibrate.speed_probe`)
             probe = _obj(w, r["probe"], f"{f}.probe")
             _obj(w, probe.get("setting"), f"{f}.probe.setting")
@@ -385,6 +381,13 @@ def check_engine_runs(w: _Where, runs) -> None:
             if not isinstance(probe.get("logs"), list):
                 raise w.fail(f"{f}.probe.logs", "must be a list")
             for j, plog in enumerate(probe["logs"]):
-                for key in ("requests", "calls"):
-                    if not isinstance(_obj(w, plog, f"{f}.probe.logs[{j}]").get(key), list):
-                        raise w.fail(f"{f}.probe.logs[{j}].{key}", "must be a list")
+                _log(w, plog, f"{f}.probe.logs[{j}]")
+
+
+def _log(w: _Where, log, f: str) -> dict:
+    """An event log as a worker writes it: an object with lists of requests and calls."""
+    log = _obj(w, log, f)
+    for key in ("requests", "calls"):
+        if not isinstance(log.get(key), list):
+            raise w.fail(f"{f}.{key}", "must be a list")
+    return log
