@@ -37,7 +37,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     need = grid.max_context()
     if need > lm.max_context:
         raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
-    loads = workloads(max(grid.batches), max(grid.chunks), lm.vocab_size)
+    loads = workloads(max(grid.batches), grid.longest_prompt(), lm.vocab_size)
     # what the partial file's measurements are of: a resume of other work is refused (calibrate.journal)
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
               "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine",

@@ -17,12 +17,12 @@ import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import lsq_linear
+from scipy.optimize import least_squares, lsq_linear
 
 from sim.errors import InputError
 from sim.noise import measure as measure_noise
 from sim.residuals import summarize
-from sim.costmodel import DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel
+from sim.costmodel import DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel, is_gather, kv_copies
 
 TARGET = 0.05
 FOLDS = 4  # cross-validation: every point held out once, predicted by a fit of the other three quarters
@@ -80,15 +80,17 @@ def knot_of(samples: list[dict]) -> float:
 
 @dataclass(frozen=True)
 class Copies:
-    """What rebuilding KV buffers costs: seconds per token-row written and, more, per fresh one;
-    a constant per sync in which requests join (leave) the batch cache."""
+    """What rebuilding KV buffers costs: seconds per token-row written (by a leave's gather, at
+    its own price: `sim.costmodel.is_gather`) and, more, per fresh one; a constant per sync in
+    which requests join (leave) the batch cache."""
     copy: float = 0.0
     fresh: float = 0.0
     join: float = 0.0
     leave: float = 0.0
+    gather: float | None = None  # None: a gather costs `copy` (fits without sync samples)
 
     def of(self, s: dict) -> float:
-        return (self.copy * s.get("written", 0) + self.fresh * s.get("fresh", 0)
+        return (kv_copies(self, s.get("written", 0), s.get("fresh", 0), _gather(s))
                 + self.join * (s.get("joined", 0) > 0) + self.leave * (s.get("left", 0) > 0))
 
 
@@ -110,14 +112,22 @@ class Form:
         curve, k = Curve.from_pairs(self.dense), self.copies
         if self.step == "prefill":
             return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve, prefill_tile=self.tile,
-                                   prefill_rem=tuple(self.rem), copy=k.copy, fresh=k.fresh)
+                                   prefill_rem=tuple(self.rem), copy=k.copy, fresh=k.fresh, gather=k.gather)
         return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot,
-                               decode_lone=self.lone, copy=k.copy, fresh=k.fresh, join=(k.join, 0.0, 0.0),
+                               decode_lone=self.lone, copy=k.copy, fresh=k.fresh, gather=k.gather,
+                               join=(k.join, 0.0, 0.0),
                                leave=(k.leave, 0.0, 0.0))
 
 
-def _copy_terms(s: dict) -> list[float]:
-    return [s.get("written", 0), s.get("fresh", 0), float(s.get("joined", 0) > 0), float(s.get("left", 0) > 0)]
+def _gather(s: dict) -> bool:
+    return is_gather(s["step"], s.get("joined", 0), s.get("left", 0))
+
+
+def _copy_terms(s: dict, gather: bool = False) -> list[float]:
+    """written (but a gather's), fresh, joined, left[, a gather's written]."""
+    w, g = s.get("written", 0), gather and _gather(s)
+    terms = [0 if g else w, s.get("fresh", 0), float(s.get("joined", 0) > 0), float(s.get("left", 0) > 0)]
+    return terms + [w if g else 0] if gather else terms
 
 
 def _nnls(X: np.ndarray, y: np.ndarray, y_fit: np.ndarray, rounds: int = 4) -> np.ndarray:
@@ -138,10 +148,21 @@ def _nnls(X: np.ndarray, y: np.ndarray, y_fit: np.ndarray, rounds: int = 4) -> n
 
 def fit_copies(samples: list[dict]) -> Copies:
     """The price of the batch cache's rebuilds, from sync calls timed on their own: per token-row
-    written and fresh, and a constant per join and per leave."""
-    X = np.array([_copy_terms(s) for s in samples])
+    written and fresh, a constant per join and per leave, and per token-row a leave's gather
+    writes (0 where no sync only left: then a gather costs `copy`).
+
+    A robust fit (soft L1 on the relative error, from the least-squares one): a sync that stalled
+    (a leave of 2,660 rows at 520 ms where its neighbours ran 40 us a row) would otherwise set the
+    price of every row, and priced this machine's leaves 1.2-1.5x what they ran."""
+    X = np.array([_copy_terms(s, gather=True) for s in samples])
     y = np.array([s["seconds"] for s in samples])
-    return Copies(*map(float, _nnls(X, y, y)))
+    x = _nnls(X, y, y)
+    used = np.abs(X).sum(axis=0) > 0
+    if used.sum() < len(samples):
+        rel = lambda v: (X[:, used] @ v - y) / np.maximum(X[:, used] @ v, 0.1 * y)
+        x[used] = least_squares(rel, x[used], bounds=(0, np.inf), loss="soft_l1", f_scale=0.1).x
+    copy, fresh, join, leave, gather = map(float, x)
+    return Copies(copy, fresh, join, leave, gather if used[4] else None)
 
 
 def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Copies | None = None) -> Form:
@@ -221,7 +242,7 @@ def _rel_errors(pred: np.ndarray, samples: list[dict]) -> np.ndarray:
 
 def _predict(model, step: str, samples: list[dict]) -> np.ndarray:
     """Each sample priced from its shape, its KV copies and batch changes included."""
-    copy = np.array([model.copy * s.get("written", 0) + model.fresh * s.get("fresh", 0) for s in samples])
+    copy = np.array([kv_copies(model, s.get("written", 0), s.get("fresh", 0), _gather(s)) for s in samples])
     if step == "prefill":
         return copy + np.array([model.prefill(s["chunk"], s["prefix"]) for s in samples])
     member = np.array([model.membership(s.get("joined", 0), s.get("left", 0), _contexts(s)) for s in samples])
@@ -295,6 +316,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         "iteration": med("overhead"),
         "copy": copies.copy,
         "fresh": copies.fresh,
+        **({"gather": copies.gather} if copies.gather is not None else {}),
         # syncs in which requests join or leave the batch cache, besides their copies (profiles before
         # `copy` timed these as steps of their own: a + b*batch + c*batch*max(context))
         "join": fit_copy([s for s in samples if s["step"] == "join"]) or [copies.join, 0.0, 0.0],
@@ -332,7 +354,7 @@ def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:
     ratios = [(s["call"], s["bucket"], float(_predict(models[s["step"]], s["step"], [s])[0] / s["seconds"]))
               for s in calls]
     k = forms["decode"].copies
-    copy = sum(k.copy * s.get("written", 0) + k.fresh * s.get("fresh", 0) for s in calls)
+    copy = sum(kv_copies(k, s.get("written", 0), s.get("fresh", 0), _gather(s)) for s in calls)
     return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
             "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0)}
 

@@ -38,9 +38,14 @@ class Grid:
     odd_chunks: list[int] = field(default_factory=list)  # unaligned chunk lengths, each at one offset in turn
     singles: list[int] | None = None  # contexts of single decodes, a request on its own cache (default: contexts)
     offset_chunk_max: int | None = None  # longer `chunks` are timed at offset 0 only (None: at every offset)
+    prompt_max: int | None = None  # longest prompt of the engine runs (`calibrate.replay`; None: the longest chunk)
+
+    def longest_prompt(self) -> int:
+        return self.prompt_max or max(self.chunks)
 
     def max_context(self) -> int:
-        return max([o + c for o in self.offsets for c in self.chunks + self.odd_chunks] + self.contexts
+        prefills = [p["prefix"] + p["chunk"] for p in self.points() if p["step"] == "prefill"]
+        return max(prefills + self.contexts
                    + [max(m) for m in self.mixed] + [0]) + self.warmup + self.repeats + 2
 
     def points(self) -> list[dict]:
@@ -78,14 +83,18 @@ def key_of(p: dict) -> str:
 # and copies on the executor's own path besides (`calibrate.replay`).
 # Decodes: batches 1, 2, 4 and 8 at three contexts, and every other batch size in range at one
 # context each (dense(batch) needs one point per size; the attention slope is shared).
-# A 256-token chunk is timed at offset 0 only: after a prefix it is the grid's dearest point (7.5 s
-# at offset 700 on a 2-core CPU, 13 s a round for both), and the odd chunks of 200 and 237 tokens
-# time that corner; so the quick calibration fits in 10 minutes.
-QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
+# Chunks of 256 tokens and more are timed at offset 0 only: after a prefix they are the grid's
+# dearest points (7.5 s for 256 at offset 700 on a 2-core CPU, 13 s a round for both), and the
+# odd chunks of 200 and 237 tokens time that corner; so the quick calibration fits in 10 minutes.
+# The chunks of 384 and 512 are whole prompts an eager policy prefills at once: a token beyond 256
+# costs 11-14 ms here against 7 ms below it, which no line through the shorter chunks foresees
+# (prompts of 276-331 ran 8-12% over such a price). The engine runs keep prompts within 256, so
+# their three runs still take under three minutes.
+QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384, 512], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],
                                               [777] * 3, [100] * 5, [333] * 6, [555] * 7],
              repeats=4, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777],
-             offset_chunk_max=128)
+             offset_chunk_max=128, prompt_max=256)
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 250, 262, 1024, 2048],
             batches=list(range(1, 17)), contexts=[64, 256, 1024, 2048],
             mixed=[[64, 2048], [128, 256, 512, 1024], [32] * 7 + [2048], [256, 1024, 1024, 2048, 64, 64]],
@@ -112,6 +121,9 @@ class MlxLmGrid:
     merges: list[list[int]] = field(default_factory=list)
     repeats: int = 3
     warmup: int = 1
+
+    def longest_prompt(self) -> int:
+        return self.prompt_max or max(self.chunks)
 
     def max_context(self) -> int:
         return max([o + max(p) for o in self.offsets for p in self.prompts] + self.contexts

@@ -36,7 +36,8 @@ PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or
                 "plus r0 + r1*(L mod tile) when L is not a multiple of the tile; plus copy*written")
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
                "a single decode (own cache): dense(1) + lone*context; dense(batch) = a + b*batch or the measured "
-               "curve; plus copy*written, and join (leave) when requests join (leave) the batch cache")
+               "curve; plus copy*written (gather*written in a sync where requests only leave), and join (leave) "
+               "when requests join (leave) the batch cache")
 MLX_PROMPT_FORM = ("dense(rows*L) + c*rows*L*(idx + L) + d*rows*idx, L the longest chunk, idx the batch "
                    "cache's write position (every row attends the whole padded buffer), plus r0 + r1*(rows*L mod "
                    "tile) when rows*L is not a multiple of the tile; plus copy*written")
@@ -54,6 +55,7 @@ class CostModel(Protocol):
     iteration: float  # host work per scheduler iteration (policy, bookkeeping), seconds
     copy: float  # seconds per token-row of KV buffer a call allocates and fills (`sim.kvcache`)
     fresh: float  # and more per such row in an array larger than any before it (fresh memory)
+    gather: float | None  # per token-row instead of `copy` in a sync where requests only leave (None: `copy`)
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 
@@ -80,6 +82,20 @@ class CostModel(Protocol):
 
     def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
         """mlx-lm: `steps` generation steps of the same rows, no copies; the floats of `steps` calls."""
+
+
+def is_gather(kind: str, joined: int, left: int) -> bool:
+    """A sync in which requests only leave: its rows are written by a gather of the kept rows
+    (`BatchKVCache.filter`), which costs two thirds of a pad and concatenate per row here (40 us
+    against 60), so a profile may price it apart (`gather`)."""
+    return kind == "sync" and left > 0 and not joined
+
+
+def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False) -> float:
+    """Seconds a call spends writing KV buffers: per token-row written (a leave's gather at its
+    own price, where the profile has one), and more per fresh one."""
+    per_row = cost.gather if gather and cost.gather is not None else cost.copy
+    return per_row * written + cost.fresh * fresh
 
 
 def remainder_cost(rows: int, tile: int, rem: tuple[float, float]) -> float:
@@ -167,6 +183,7 @@ class LinearCostModel:
     decode_lone: float | None = None  # a single decode's attention per context token (None: a batch row's)
     copy: float = 0.0  # seconds per token-row of KV buffer allocated and filled in a call
     fresh: float = 0.0  # more per token-row of it in arrays larger than any before (fresh pages)
+    gather: float | None = None  # per token-row written by a sync where requests only leave (None: `copy`)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, float] = (0.0, 0.0)  # their cost: once if any, and per row
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
@@ -290,6 +307,10 @@ class GridCostModel:
         return self.linear.copy
 
     @property
+    def gather(self) -> float | None:
+        return self.linear.gather
+
+    @property
     def kv_bytes(self) -> int | None:
         return self.linear.kv_bytes
 
@@ -376,6 +397,7 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           decode_dense=Curve.from_pairs(c["decode"].get("dense")),
                           decode_knot=float(c["decode"].get("knot") or "inf"), decode_lone=c["decode"].get("lone"),
                           copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
+                          gather=None if c.get("gather") is None else float(c["gather"]),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
                           prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
                           kv_bytes=kv_bytes, kv_capacity=capacity)

@@ -211,7 +211,7 @@ def check_cost(w: _Where, cost: dict) -> None:
             raise w.fail("cost.decode.knot", "must be a context > 0")
     if dec.get("lone") is not None:
         _cost(w, dec["lone"], "cost.decode.lone")
-    for key in ("iteration", "copy", "fresh"):
+    for key in ("iteration", "copy", "fresh", "gather"):
         if key in cost:
             _cost(w, cost[key], f"cost.{key}")
     for key in ("join", "leave"):
@@ -334,7 +334,7 @@ def check_grid(w: _Where, grid) -> None:
     else:
         flat, optional = GRID_LISTS + ("singles",), ("odd_chunks", "singles")
         nested = {"mixed": (1, "contexts")}
-    extra = sorted(set(grid) - set(flat) - set(nested) - {"repeats", "warmup", "offset_chunk_max"})
+    extra = sorted(set(grid) - set(flat) - set(nested) - {"repeats", "warmup", "offset_chunk_max", "prompt_max"})
     if extra:
         raise w.fail("grid", f"has unknown field(s) {', '.join(extra)}")
     for key in flat:
@@ -352,8 +352,9 @@ def check_grid(w: _Where, grid) -> None:
         for i, m in enumerate(v):
             for j, x in enumerate(m):
                 _whole(w, x, f"grid.{key}[{i}][{j}]", lo)
-    if grid.get("offset_chunk_max") is not None:
-        _whole(w, grid["offset_chunk_max"], "grid.offset_chunk_max", 1)
+    for key in ("offset_chunk_max", "prompt_max"):
+        if grid.get(key) is not None:
+            _whole(w, grid[key], f"grid.{key}", 1)
     for key in ("repeats", "warmup"):
         if key in grid:
             _whole(w, grid[key], f"grid.{key}", 1 if key == "repeats" else 0, 1000)

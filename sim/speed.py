@@ -50,6 +50,11 @@ class AtSpeed:
     def fresh(self) -> float:
         return self.cost.fresh / self.speed.decode
 
+    @property
+    def gather(self) -> float | None:
+        g = self.cost.gather
+        return None if g is None else g / self.speed.decode
+
     def prefill(self, chunk: int, prefix: int) -> float:
         return self.cost.prefill(chunk, prefix) / self.speed.prefill
 

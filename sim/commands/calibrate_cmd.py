@@ -175,8 +175,9 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
     per = lambda abc: f"{abc[0] * 1e3:.1f} ms" + (f" + {abc[1] * 1e3:.1f} ms/row + {abc[2] * 1e6:.1f} us/row-token"
                                                   if abc[1] or abc[2] else "")
     print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms; KV buffer written {c.get('copy', 0) * 1e6:.1f} us "
-          f"per token-row (fresh: {c.get('fresh', 0) * 1e6:.1f} us more); batch join {per(c['join'])}; "
-          f"leave {per(c['leave'])}")
+          f"per token-row (fresh: {c.get('fresh', 0) * 1e6:.1f} us more"
+          + (f"; a leave's gather {c['gather'] * 1e6:.1f} us" if c.get("gather") is not None else "")
+          + f"); batch join {per(c['join'])}; leave {per(c['leave'])}")
     if "replay" in prof["fit"]:
         report_replay(prof["fit"]["replay"])
     report_memory(prof.get("memory"))
