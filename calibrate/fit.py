@@ -151,16 +151,19 @@ def fit_copies(samples: list[dict]) -> Copies:
     written and fresh, a constant per join and per leave, and per token-row a leave's gather
     writes (0 where no sync only left: then a gather costs `copy`).
 
-    A robust fit (soft L1 on the relative error, from the least-squares one): a sync that stalled
-    (a leave of 2,660 rows at 520 ms where its neighbours ran 40 us a row) would otherwise set the
-    price of every row, and priced this machine's leaves 1.2-1.5x what they ran."""
+    A robust fit (soft L1 on the log of predicted/measured, from the least-squares one): a sync
+    that stalled (a leave of 2,660 rows at 502 ms where its neighbours ran 14-32 us a row) would
+    otherwise set the price of every row. The log weighs a price 2x too high as much as one 2x too
+    low; an error relative to either time alone is bounded on one side, and a fit to it priced
+    this machine's leaves 8x what they ran."""
     X = np.array([_copy_terms(s, gather=True) for s in samples])
     y = np.array([s["seconds"] for s in samples])
     x = _nnls(X, y, y)
     used = np.abs(X).sum(axis=0) > 0
     if used.sum() < len(samples):
-        rel = lambda v: (X[:, used] @ v - y) / np.maximum(X[:, used] @ v, 0.1 * y)
-        x[used] = least_squares(rel, x[used], bounds=(0, np.inf), loss="soft_l1", f_scale=0.1).x
+        log_ratio = lambda v: np.log(np.maximum(X[:, used] @ v, 1e-3 * y) / y)
+        x[used] = least_squares(log_ratio, x[used], bounds=(0, np.inf), loss="soft_l1", f_scale=0.1,
+                                x_scale="jac").x
     copy, fresh, join, leave, gather = map(float, x)
     return Copies(copy, fresh, join, leave, gather if used[4] else None)
 

@@ -122,9 +122,6 @@ class MlxLmGrid:
     repeats: int = 3
     warmup: int = 1
 
-    def longest_prompt(self) -> int:
-        return self.prompt_max or max(self.chunks)
-
     def max_context(self) -> int:
         return max([o + max(p) for o in self.offsets for p in self.prompts] + self.contexts
                    + [x for _, x in self.firsts] + [max(m[1], m[3]) for m in self.merges] + [0]) + 2

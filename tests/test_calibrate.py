@@ -96,6 +96,13 @@ def test_grids_time_unaligned_shapes_and_long_chunks_after_no_prefix_only_when_a
     assert {c for o, c in quick if o == 0} >= {256} and max(c for o, c in quick if o) < 256
     assert sum(c % 16 != 0 for _, c in quick) >= len(quick) // 3  # most engine chunks are unaligned
     assert {o for o, _ in quick} == set(QUICK.offsets)
+    # whole prompts beyond 256 tokens (an eager policy's prefills) at offset 0 only; the engine runs
+    # keep their prompts within prompt_max, so the grid's dearest points are not run again there
+    assert {c for o, c in quick if c > 256} >= {384, 512} and all(o == 0 for o, c in quick if c > 256)
+    assert QUICK.max_context() < max(QUICK.offsets) + max(QUICK.chunks)
+    loads = workloads(max(QUICK.batches), QUICK.longest_prompt(), 1000)
+    lens = [r.prompt_len for ws in loads.values() for w in ws for r in w.trace.requests]
+    assert max(lens) <= QUICK.prompt_max == 256 < max(QUICK.chunks) and min(lens) >= 9
 
 
 def test_interrupted_calibration_resumes(tmp_path):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from calibrate.fit import fit_form, fit_profile
-from sim.costmodel import Curve, LinearCostModel, ProfileError, cost_model, load_profile
+from calibrate.fit import fit_copies, fit_form, fit_profile
+from sim.costmodel import Curve, LinearCostModel, ProfileError, cost_model, is_gather, kv_copies, load_profile
 
 
 def test_curve_interpolates_between_sizes_is_flat_below_and_never_falls_beyond():
@@ -110,6 +110,32 @@ def test_fit_recovers_a_tile_remainder_kv_copies_and_joins():
     assert fitted["cost"]["join"][0] == pytest.approx(0.03, rel=1e-3)
     assert fitted["cost"]["leave"][0] == pytest.approx(0.02, rel=1e-3)
     assert max(e["cv_form_mean"] for e in fitted["fit"]["errors"].values()) < 1e-3
+
+
+def test_a_leaves_gather_is_priced_apart_and_one_stalled_sync_sets_no_price():
+    """Syncs where requests only leave write their rows by a gather, cheaper per row than a join's
+    pad and concatenate; the fit prices the two apart, and a single stalled sync (10x its price)
+    moves no price by more than the timing noise."""
+    truth = LinearCostModel((0.0,) * 4, (0.0,) * 3, copy=6e-5, fresh=3e-4, gather=4e-5,
+                            join=(0.01, 0.0, 0.0), leave=(0.005, 0.0, 0.0))
+    rng = random.Random(3)
+    syncs = []
+    for _ in range(40):
+        joined, left = rng.choice(((1, 0), (2, 0), (0, 1), (0, 2), (1, 1)))
+        written = rng.randrange(200, 4000)
+        fresh = rng.randrange(0, written) if joined and rng.random() < 0.5 else 0
+        t = kv_copies(truth, written, fresh, is_gather("sync", joined, left))
+        t += truth.join[0] * (joined > 0) + truth.leave[0] * (left > 0)
+        syncs.append({"step": "sync", "batch": 4, "context_max": 500, "written": written, "fresh": fresh,
+                      "joined": joined, "left": left, "seconds": t * rng.uniform(0.98, 1.02)})
+    leaves = [s for s in syncs if is_gather("sync", s["joined"], s["left"])]
+    leaves[0]["seconds"] *= 10  # a stall
+    k = fit_copies(syncs)
+    for name in ("copy", "fresh", "gather", "join", "leave"):
+        assert getattr(k, name) == pytest.approx(getattr(truth, name) if name not in ("join", "leave")
+                                                 else getattr(truth, name)[0], rel=0.1), name
+    assert fit_copies([s for s in syncs if s not in leaves]).gather is None  # no gather timed: it costs `copy`
+    assert kv_copies(k, 1000, 0, gather=True) < kv_copies(k, 1000, 0)
 
 
 def test_an_engine_runs_one_off_call_sets_no_knot_of_the_curve():
