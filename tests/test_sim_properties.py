@@ -158,6 +158,24 @@ def test_a_lone_request_decodes_in_stretches_cut_where_its_cache_grows(monkeypat
     assert grow.end - grow.start == pytest.approx(cost.decode(grow.contexts) + 528 * cost.copy)
 
 
+def test_a_sync_where_requests_only_leave_is_priced_at_the_gather_price():
+    """Two requests decode together; the shorter one leaves, and the sync that rebuilds the batch
+    without it is its gather (the profile's own price per row) and the leave constant; a join's
+    copies stay at `copy`."""
+    cost = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-4, 1e-7), copy=3e-6, gather=1e-6,
+                           join=(2e-3, 0.0, 0.0), leave=(5e-4, 0.0, 0.0))
+    log = simulate(Trace([Request("a", 0.0, 16, 4), Request("b", 0.0, 24, 12)]),
+                   policies.make("eager", batch_size=2), cost)
+    syncs = [c for c in log.calls if c.kind == "sync" and c.written]
+    leave = [c for c in syncs if c.left and not c.joined]
+    join = [c for c in syncs if c.joined]
+    assert leave and join
+    for c in leave:
+        assert c.end - c.start == pytest.approx(1e-6 * c.written + 5e-4)
+    for c in join:
+        assert c.end - c.start == pytest.approx(3e-6 * c.written + cost.membership(c.joined, c.left, c.contexts))
+
+
 @given(st.lists(st.lists(st.floats(0, 1e6), max_size=5).map(sorted), max_size=6))
 def test_pooled_inter_token_gaps_never_span_two_requests(emissions):
     log = EventLog(tokens={str(i): t for i, t in enumerate(emissions)})
