@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import least_squares, lsq_linear
@@ -22,7 +22,8 @@ from scipy.optimize import least_squares, lsq_linear
 from sim.errors import InputError
 from sim.noise import measure as measure_noise
 from sim.residuals import summarize
-from sim.costmodel import DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel, is_gather, kv_copies
+from sim.costmodel import (DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel, is_gather, is_step_growth,
+                           kv_copies)
 
 TARGET = 0.05
 FOLDS = 4  # cross-validation: every point held out once, predicted by a fit of the other three quarters
@@ -88,9 +89,10 @@ class Copies:
     join: float = 0.0
     leave: float = 0.0
     gather: float | None = None  # None: a gather costs `copy` (fits without sync samples)
+    fresh_step: float | None = None  # per fresh row of a step's own growth (None: `fresh`)
 
     def of(self, s: dict) -> float:
-        return (kv_copies(self, s.get("written", 0), s.get("fresh", 0), _gather(s))
+        return (_kv(self, s)
                 + self.join * (s.get("joined", 0) > 0) + self.leave * (s.get("left", 0) > 0))
 
 
@@ -112,15 +114,25 @@ class Form:
         curve, k = Curve.from_pairs(self.dense), self.copies
         if self.step == "prefill":
             return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve, prefill_tile=self.tile,
-                                   prefill_rem=tuple(self.rem), copy=k.copy, fresh=k.fresh, gather=k.gather)
+                                   prefill_rem=tuple(self.rem), copy=k.copy, fresh=k.fresh, gather=k.gather,
+                                   fresh_step=k.fresh_step)
         return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot,
                                decode_lone=self.lone, copy=k.copy, fresh=k.fresh, gather=k.gather,
-                               join=(k.join, 0.0, 0.0),
+                               fresh_step=k.fresh_step, join=(k.join, 0.0, 0.0),
                                leave=(k.leave, 0.0, 0.0))
 
 
 def _gather(s: dict) -> bool:
     return is_gather(s["step"], s.get("joined", 0), s.get("left", 0))
+
+
+def _step_growth(s: dict) -> bool:
+    return is_step_growth(s["step"], s.get("joined", 0), s.get("left", 0))
+
+
+def _kv(prices, s: dict) -> float:
+    """A sample's KV copies at `prices` (a cost model or `Copies`)."""
+    return kv_copies(prices, s.get("written", 0), s.get("fresh", 0), _gather(s), _step_growth(s))
 
 
 def _copy_terms(s: dict, gather: bool = False) -> list[float]:
@@ -166,6 +178,17 @@ def fit_copies(samples: list[dict]) -> Copies:
                                 x_scale="jac").x
     copy, fresh, join, leave, gather = map(float, x)
     return Copies(copy, fresh, join, leave, gather if used[4] else None)
+
+
+def fit_fresh_step(samples: list[dict], forms: dict[str, Form]) -> float | None:
+    """Per fresh token-row of a prefill's or decode's own growth: the median over such steps of
+    their time beyond their price without fresh memory, per fresh row (None without any). A
+    join's fresh rows cost 4-5x as much here, so one price for both over-priced every growth."""
+    if not samples:
+        return None
+    beyond = [(s["seconds"] - _predict(forms[s["step"]].model(), s["step"], [dict(s, fresh=0)])[0]) / s["fresh"]
+              for s in samples]
+    return max(0.0, float(statistics.median(beyond)))
 
 
 def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Copies | None = None) -> Form:
@@ -245,7 +268,7 @@ def _rel_errors(pred: np.ndarray, samples: list[dict]) -> np.ndarray:
 
 def _predict(model, step: str, samples: list[dict]) -> np.ndarray:
     """Each sample priced from its shape, its KV copies and batch changes included."""
-    copy = np.array([kv_copies(model, s.get("written", 0), s.get("fresh", 0), _gather(s)) for s in samples])
+    copy = np.array([_kv(model, s) for s in samples])
     if step == "prefill":
         return copy + np.array([model.prefill(s["chunk"], s["prefix"]) for s in samples])
     member = np.array([model.membership(s.get("joined", 0), s.get("left", 0), _contexts(s)) for s in samples])
@@ -281,6 +304,10 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     by_step = {st: [s for s in samples if s["step"] == st] for st in ("sync", "decode", "prefill")}
     if not by_step["sync"]:
         del by_step["sync"]
+    # steps whose own growth met fresh memory price it apart (`fit_fresh_step`), not in their form
+    growth = [s for s in samples if "sync" in by_step and s.get("fresh") and _step_growth(s)]
+    for st in ("decode", "prefill"):
+        by_step[st] = [s for s in by_step[st] if s not in growth]
     forms, errors, uses, copies = {}, {}, {}, None
     for step, pts in by_step.items():
         if len(pts) < 4:
@@ -305,6 +332,9 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
                                  "use": uses[step], **({"tile": tile} if step == "prefill" else {})})
         forms[step] = fit_form(step, pts, tile, copies)  # the final fit uses every point
         copies = forms[step].copies
+    fresh_step = fit_fresh_step(growth, forms)
+    for step in ("decode", "prefill"):
+        forms[step] = replace(forms[step], copies=replace(forms[step].copies, fresh_step=fresh_step))
     med = lambda st: statistics.median([s["seconds"] for s in samples if s["step"] == st] or [0.0])
     pf, dc = forms["prefill"], forms["decode"]
     cost = {
@@ -320,12 +350,14 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         "copy": copies.copy,
         "fresh": copies.fresh,
         **({"gather": copies.gather} if copies.gather is not None else {}),
+        **({"fresh_step": fresh_step} if fresh_step is not None else {}),
         # syncs in which requests join or leave the batch cache, besides their copies (profiles before
         # `copy` timed these as steps of their own: a + b*batch + c*batch*max(context))
         "join": fit_copy([s for s in samples if s["step"] == "join"]) or [copies.join, 0.0, 0.0],
         "leave": fit_copy([s for s in samples if s["step"] == "leave"]) or [copies.leave, 0.0, 0.0],
     }
     for step, pts in by_step.items():
+        pts = pts + [s for s in growth if s["step"] == step]
         for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
             p["fitted"] = float(f)
     fit = {"errors": errors, "target": TARGET, "uses": cost["use"], "speed_by_round": speed_by_round(samples)}
@@ -357,7 +389,7 @@ def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:
     ratios = [(s["call"], s["bucket"], float(_predict(models[s["step"]], s["step"], [s])[0] / s["seconds"]))
               for s in calls]
     k = forms["decode"].copies
-    copy = sum(kv_copies(k, s.get("written", 0), s.get("fresh", 0), _gather(s)) for s in calls)
+    copy = sum(_kv(k, s) for s in calls)
     return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
             "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0)}
 

@@ -41,8 +41,10 @@ class Workload:
 
 def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) -> dict[str, list[Workload]]:
     """`train`: all at t=0, eager at the largest batch (every request joins a batch one larger,
-    then they leave one at a time: request i owes n + 1 + i tokens), and chunked with an unaligned
-    budget over spread arrivals; `held_out`: another seed, another budget, half the batch (one
+    then they leave one at a time: request i owes n + 1 + i tokens); chunked with an unaligned
+    budget over spread arrivals; and fifo over three prompts of growing length, whose first
+    decodes grow a batch of one into arrays larger than any before (a step's own growth in fresh
+    memory, `fresh_step`: the batched runs' warm-ups leave no step that can); `held_out`: another seed, another budget, half the batch (one
     run: a calibration must fit in 10 minutes, and the eager one timed the same calls again)."""
     def staggered(n, seed):
         rng = random.Random(seed)
@@ -55,7 +57,9 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
     return {
         "train": [Workload("eager-staggered", staggered(max_batch, 11), {"policy": "eager", "batch_size": max_batch}),
                   Workload("chunked-spread", spread(max_batch, 12, 2.0),
-                           {"policy": "chunked", "budget": 48, "batch_size": max_batch})],
+                           {"policy": "chunked", "budget": 48, "batch_size": max_batch}),
+                  Workload("fifo-growth", fixed([0.0] * 3, [max(9, max_prompt * k // 3) for k in (1, 2, 3)], [3] * 3,
+                                                13, vocab), {"policy": "fifo"})],
         "held_out": [Workload("chunked-held-out", spread(half + 2, 21, 1.5),
                               {"policy": "chunked", "budget": 40, "batch_size": half})],
     }

@@ -36,8 +36,9 @@ PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or
                 "plus r0 + r1*(L mod tile) when L is not a multiple of the tile; plus copy*written")
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
                "a single decode (own cache): dense(1) + lone*context; dense(batch) = a + b*batch or the measured "
-               "curve; plus copy*written (gather*written in a sync where requests only leave), and join (leave) "
-               "when requests join (leave) the batch cache")
+               "curve; plus copy*written (gather*written in a sync where requests only leave) and fresh*fresh rows "
+               "(fresh_step*fresh in a step's own growth), and join (leave) when requests join (leave) the batch "
+               "cache")
 MLX_PROMPT_FORM = ("dense(rows*L) + c*rows*L*(idx + L) + d*rows*idx, L the longest chunk, idx the batch "
                    "cache's write position (every row attends the whole padded buffer), plus r0 + r1*(rows*L mod "
                    "tile) when rows*L is not a multiple of the tile; plus copy*written")
@@ -56,6 +57,7 @@ class CostModel(Protocol):
     copy: float  # seconds per token-row of KV buffer a call allocates and fills (`sim.kvcache`)
     fresh: float  # and more per such row in an array larger than any before it (fresh memory)
     gather: float | None  # per token-row instead of `copy` in a sync where requests only leave (None: `copy`)
+    fresh_step: float | None  # instead of `fresh` where a prefill or decode grows a buffer (None: `fresh`)
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 
@@ -92,11 +94,20 @@ def is_gather(kind: str, joined: int, left: int) -> bool:
     return kind == "sync" and left > 0 and not joined
 
 
-def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False) -> float:
+def is_step_growth(kind: str, joined: int, left: int) -> bool:
+    """A prefill or decode that grows a buffer (no batch change inside it): its fresh rows cost a
+    fifth of a join's here (1-3 us a page fault against 7-12 us: `benchmarks/kv_faults.py`), so a
+    profile may price them apart (`fresh_step`)."""
+    return kind in ("prefill", "decode") and not joined and not left
+
+
+def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, step: bool = False) -> float:
     """Seconds a call spends writing KV buffers: per token-row written (a leave's gather at its
-    own price, where the profile has one), and more per fresh one."""
+    own price, where the profile has one), and more per fresh one (a step's growth at its own
+    price, where the profile has one)."""
     per_row = cost.gather if gather and cost.gather is not None else cost.copy
-    return per_row * written + cost.fresh * fresh
+    per_fresh = cost.fresh_step if step and cost.fresh_step is not None else cost.fresh
+    return per_row * written + per_fresh * fresh
 
 
 def remainder_cost(rows: int, tile: int, rem: tuple[float, float]) -> float:
@@ -185,6 +196,7 @@ class LinearCostModel:
     copy: float = 0.0  # seconds per token-row of KV buffer allocated and filled in a call
     fresh: float = 0.0  # more per token-row of it in arrays larger than any before (fresh pages)
     gather: float | None = None  # per token-row written by a sync where requests only leave (None: `copy`)
+    fresh_step: float | None = None  # per fresh token-row of a prefill's or decode's growth (None: `fresh`)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, float] = (0.0, 0.0)  # their cost: once if any, and per row
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
@@ -323,6 +335,10 @@ class GridCostModel:
     def fresh(self) -> float:
         return self.linear.fresh
 
+    @property
+    def fresh_step(self) -> float | None:
+        return self.linear.fresh_step
+
     def decode(self, contexts: Sequence[int], single: bool = False) -> float:
         if single or not self.grid_decode:
             return self.linear.decode(contexts, single)
@@ -399,6 +415,7 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           decode_knot=float(c["decode"].get("knot") or "inf"), decode_lone=c["decode"].get("lone"),
                           copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
                           gather=None if c.get("gather") is None else float(c["gather"]),
+                          fresh_step=None if c.get("fresh_step") is None else float(c["fresh_step"]),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
                           prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
                           kv_bytes=kv_bytes, kv_capacity=capacity)

@@ -55,6 +55,11 @@ class AtSpeed:
         g = self.cost.gather
         return None if g is None else g / self.speed.decode
 
+    @property
+    def fresh_step(self) -> float | None:
+        f = self.cost.fresh_step
+        return None if f is None else f / self.speed.decode
+
     def prefill(self, chunk: int, prefix: int) -> float:
         return self.cost.prefill(chunk, prefix) / self.speed.prefill
 

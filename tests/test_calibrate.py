@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+import policies
 from calibrate.calibration import EngineRuns, add_rounds, calibrate
 from calibrate.journal import Journal
 from calibrate.replay import Workload, workloads
@@ -14,10 +15,12 @@ from calibrate.grid import QUICK, TINY, Grid
 from calibrate.model import build_model
 from calibrate.kernels import DecodeBatch
 from calibrate.speed_probe import SETTING
+from calibrate.worker import warmup_trace
 from calibrate.profiler import ONCE, batch_cache, master_cache, run_grid, sliced
-from sim.costmodel import cost_model, load_profile
+from sim.costmodel import LinearCostModel, cost_model, load_profile
 from sim.errors import UserError
 from sim.noise import MIN_CALLS, POINTS
+from sim.replay import simulate
 
 
 def pdsim(*args):
@@ -103,6 +106,12 @@ def test_grids_time_unaligned_shapes_and_long_chunks_after_no_prefix_only_when_a
     loads = workloads(max(QUICK.batches), QUICK.longest_prompt(), 1000)
     lens = [r.prompt_len for ws in loads.values() for w in ws for r in w.trace.requests]
     assert max(lens) <= QUICK.prompt_max == 256 < max(QUICK.chunks) and min(lens) >= 9
+    # one fitted run's first decodes grow a batch of one into arrays larger than its warm-up's: the
+    # samples that price a step's own growth in fresh memory (`fresh_step`)
+    fifo = next(w for w in loads["train"] if w.setting == {"policy": "fifo"})
+    cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0))
+    log = simulate(fifo.trace, policies.make("fifo"), cost, warmup=warmup_trace(fifo.trace))
+    assert len([c for c in log.calls if c.kind == "decode" and c.fresh and not c.joined]) == 3
 
 
 def test_interrupted_calibration_resumes(tmp_path):

@@ -8,6 +8,7 @@ from hypothesis import given, strategies as st
 
 from calibrate.fit import fit_copies, fit_form, fit_profile
 from sim.costmodel import Curve, LinearCostModel, ProfileError, cost_model, is_gather, kv_copies, load_profile
+from sim.residuals import price
 
 
 def test_curve_interpolates_between_sizes_is_flat_below_and_never_falls_beyond():
@@ -136,6 +137,32 @@ def test_a_leaves_gather_is_priced_apart_and_one_stalled_sync_sets_no_price():
                                                  else getattr(truth, name)[0], rel=0.1), name
     assert fit_copies([s for s in syncs if s not in leaves]).gather is None  # no gather timed: it costs `copy`
     assert kv_copies(k, 1000, 0, gather=True) < kv_copies(k, 1000, 0)
+
+
+def test_a_steps_own_growth_in_fresh_memory_has_its_own_price():
+    """Decodes whose buffer growth met fresh memory are priced at `fresh_step`, fitted on those
+    decodes alone; syncs keep `fresh`. Without such decodes a profile has no `fresh_step`."""
+    truth = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6), prefill_dense=TRUTH.prefill_dense,
+                            decode_dense=TRUTH.decode_dense, copy=2e-5, fresh=3e-4, fresh_step=5e-5)
+    pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 0} for L in (8, 16, 32, 64, 128) for P in (0, 300)]
+    dec = [{"step": "decode", "batch": B, "context_max": M, "written": 0} for B in (1, 2, 4) for M in (64, 300, 900)]
+    grows = [{"step": "decode", "batch": 1, "context_max": M, "written": M + 256, "fresh": M + 256, "source": "engine:f"}
+             for M in (100, 180, 250)]
+    syncs = [{"step": "sync", "batch": B, "context_max": 300, "written": w, "fresh": f, "joined": 1, "left": 0}
+             for B, w, f in ((2, 1200, 600), (3, 1800, 0), (4, 2400, 1200), (3, 900, 0), (2, 600, 0))]
+    for x in pre:
+        x["seconds"] = truth.prefill(x["chunk"], x["prefix"])
+    for x in dec + grows:
+        x["seconds"] = truth.decode([x["context_max"]] * x["batch"]) + kv_copies(truth, x["written"], x.get("fresh", 0),
+                                                                                 step=True)
+    for x in syncs:
+        x["seconds"] = kv_copies(truth, x["written"], x["fresh"])
+    cost = fit_profile(pre + dec + grows + syncs)["cost"]
+    assert cost["fresh_step"] == pytest.approx(5e-5, rel=0.05) and cost["fresh"] == pytest.approx(3e-4, rel=0.05)
+    model = cost_model({"cost": cost})
+    assert price(model, "decode", 1, 0, [100], True, 0, 0, 356, 356) == pytest.approx(grows[0]["seconds"], rel=0.02)
+    assert price(model, "sync", 2, 0, [300, 300], True, 1, 0, 1200, 600) == pytest.approx(syncs[0]["seconds"], rel=0.02)
+    assert "fresh_step" not in fit_profile(pre + dec + syncs)["cost"]
 
 
 def test_an_engine_runs_one_off_call_sets_no_knot_of_the_curve():
