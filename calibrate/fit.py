@@ -333,6 +333,8 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         forms[step] = fit_form(step, pts, tile, copies)  # the final fit uses every point
         copies = forms[step].copies
     fresh_step = fit_fresh_step(growth, forms)
+    for s in growth:
+        s["held_out"] = False  # fitted on their own, never held out
     for step in ("decode", "prefill"):
         forms[step] = replace(forms[step], copies=replace(forms[step].copies, fresh_step=fresh_step))
     med = lambda st: statistics.median([s["seconds"] for s in samples if s["step"] == st] or [0.0])
