@@ -306,8 +306,9 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         del by_step["sync"]
     # steps whose own growth met fresh memory price it apart (`fit_fresh_step`), not in their form
     growth = [s for s in samples if "sync" in by_step and s.get("fresh") and _step_growth(s)]
+    grown = {id(s) for s in growth}
     for st in ("decode", "prefill"):
-        by_step[st] = [s for s in by_step[st] if s not in growth]
+        by_step[st] = [s for s in by_step[st] if id(s) not in grown]
     forms, errors, uses, copies = {}, {}, {}, None
     for step, pts in by_step.items():
         if len(pts) < 4:

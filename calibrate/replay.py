@@ -44,8 +44,9 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
     then they leave one at a time: request i owes n + 1 + i tokens); chunked with an unaligned
     budget over spread arrivals; and fifo over three prompts of growing length, whose first
     decodes grow a batch of one into arrays larger than any before (a step's own growth in fresh
-    memory, `fresh_step`: the batched runs' warm-ups leave no step that can); `held_out`: another seed, another budget, half the batch (one
-    run: a calibration must fit in 10 minutes, and the eager one timed the same calls again)."""
+    memory, `fresh_step`: the batched runs' warm-ups leave no step that can); `held_out`: another
+    seed, another budget, half the batch (one run: a calibration must fit in 10 minutes, and the
+    eager one timed the same calls again)."""
     def staggered(n, seed):
         rng = random.Random(seed)
         return fixed([0.0] * n, [rng.randint(9, max_prompt) for _ in range(n)], [n + 1 + i for i in range(n)],
