@@ -22,8 +22,8 @@ from scipy.optimize import least_squares, lsq_linear
 from sim.errors import InputError
 from sim.noise import measure as measure_noise
 from sim.residuals import summarize
-from sim.costmodel import (DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel, is_gather, is_step_growth,
-                           kv_copies)
+from sim.costmodel import (DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel, call_copies, is_gather,
+                           is_step_growth)
 
 TARGET = 0.05
 FOLDS = 4  # cross-validation: every point held out once, predicted by a fit of the other three quarters
@@ -132,7 +132,7 @@ def _step_growth(s: dict) -> bool:
 
 def _kv(prices, s: dict) -> float:
     """A sample's KV copies at `prices` (a cost model or `Copies`)."""
-    return kv_copies(prices, s.get("written", 0), s.get("fresh", 0), _gather(s), _step_growth(s))
+    return call_copies(prices, s["step"], s.get("joined", 0), s.get("left", 0), s.get("written", 0), s.get("fresh", 0))
 
 
 def _copy_terms(s: dict, gather: bool = False) -> list[float]:
@@ -186,7 +186,8 @@ def fit_fresh_step(samples: list[dict], forms: dict[str, Form]) -> float | None:
     join's fresh rows cost 4-5x as much here, so one price for both over-priced every growth."""
     if not samples:
         return None
-    beyond = [(s["seconds"] - _predict(forms[s["step"]].model(), s["step"], [dict(s, fresh=0)])[0]) / s["fresh"]
+    models = {step: form.model() for step, form in forms.items()}
+    beyond = [(s["seconds"] - _predict(models[s["step"]], s["step"], [dict(s, fresh=0)])[0]) / s["fresh"]
               for s in samples]
     return max(0.0, float(statistics.median(beyond)))
 

@@ -110,6 +110,11 @@ def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, s
     return per_row * written + per_fresh * fresh
 
 
+def call_copies(cost: CostModel, kind: str, joined: int, left: int, written: int, fresh: int) -> float:
+    """`kv_copies` of a call of this kind and batch change (a gather, a step's own growth, or neither)."""
+    return kv_copies(cost, written, fresh, is_gather(kind, joined, left), is_step_growth(kind, joined, left))
+
+
 def remainder_cost(rows: int, tile: int, rem: tuple[float, float]) -> float:
     """What rows beyond a call's last whole tile add: rem[0] if there are any, rem[1] per row."""
     r = rows % tile if tile else 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.costmodel import MLX_KINDS, CostModel, is_gather, is_step_growth, kv_copies
+from sim.costmodel import MLX_KINDS, CostModel, call_copies
 from sim.log import Call, EventLog
 
 TILE = 16  # a chunk of a multiple of this many rows runs the BLAS's fast kernels (see calibrate/grid.py)
@@ -61,7 +61,7 @@ def price(cost: CostModel, kind: str, tokens: int, prefix: int, contexts, batche
         return cost.mlx_lm_call(kind, tokens, prefix, contexts, written, fresh)
     if kind == "preempt":  # a cache dropped: no model call (its recompute is a prefill, priced as one)
         return 0.0
-    t = kv_copies(cost, written, fresh, is_gather(kind, joined, left), is_step_growth(kind, joined, left))
+    t = call_copies(cost, kind, joined, left, written, fresh)
     if kind == "prefill":
         return t + cost.prefill(tokens, prefix)
     if joined or left:  # a sync call, or a decode with its sync inside (logs from before syncs were calls)

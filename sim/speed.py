@@ -32,6 +32,11 @@ class MachineSpeed:
         return {"prefill": self.prefill, "decode": self.decode}
 
 
+def _at(price: float | None, speed: float) -> float | None:
+    """An optional price at a speed (None stays None: the profile has no such price)."""
+    return None if price is None else price / speed
+
+
 class AtSpeed:
     """A cost model's prices at a `MachineSpeed`; everything else (the memory model, the host's
     time between calls, KV sizes) is the cost model's own."""
@@ -52,13 +57,11 @@ class AtSpeed:
 
     @property
     def gather(self) -> float | None:
-        g = self.cost.gather
-        return None if g is None else g / self.speed.decode
+        return _at(self.cost.gather, self.speed.decode)
 
     @property
     def fresh_step(self) -> float | None:
-        f = self.cost.fresh_step
-        return None if f is None else f / self.speed.decode
+        return _at(self.cost.fresh_step, self.speed.decode)
 
     def prefill(self, chunk: int, prefix: int) -> float:
         return self.cost.prefill(chunk, prefix) / self.speed.prefill
