@@ -14,9 +14,11 @@ from calibrate.model import LoadedModel, build_as_profiled, build_model, weights
 from calibrate.journal import Journal
 from calibrate.memory_fit import fit_memory, model_config
 from calibrate.profiler import merge, run_grid
+from calibrate.speed_probe import PREFILLS, timed_speed
 from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
 from sim.costmodel import cost_model, load_profile
 from sim.log import EventLog
+from sim.speed import MachineSpeed
 from sim.memory import profile_kv_bytes
 from sim.state import EngineError
 from traces.trace import Trace
@@ -221,12 +223,29 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
 def engine_samples(runs: list[dict]) -> list[dict]:
     """The calls of the calibration's engine runs as samples (held-out runs marked), their KV
     buffers derived from the calls by today's state machine (`sim.relog`), so a refit of an
-    older profile prices them by today's rules."""
-    out = []
+    older profile prices them by today's rules; each call's time at the calibration's speed
+    (`run_speeds`: `speed` the factor applied, `measured` the time as timed)."""
+    out, speeds = [], run_speeds(runs)
     for r in runs:
         log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
-        out += samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"])
+        speed = speeds.get(r["name"], MachineSpeed())
+        for s in samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"]):
+            f = speed.prefill if s["step"] in PREFILLS else speed.decode
+            out.append(dict(s, seconds=s["seconds"] * f, measured=s["seconds"], speed=f) if f != 1.0 else s)
     return out
+
+
+def run_speeds(runs: list[dict]) -> dict[str, MachineSpeed]:
+    """Each engine run's machine speed against the calibration's: the probe served just before
+    it timed against the median over every run's probe (`timed_speed`, no price in it). A shared
+    VM slows down for minutes at a time (one held-out run here at 0.77x on prefills, 0.84x on
+    decodes, between runs at 0.99-1.06x): unadjusted, that is the whole of its replay error, and
+    a slowed training run moves the join and leave prices fitted from its calls."""
+    probes = {r["name"]: [EventLog.from_dict(d) for d in r["probe"]["logs"]]
+              for r in runs if (r.get("probe") or {}).get("logs")}
+    reference = [log for logs in probes.values() for log in logs]
+    speeds = {name: timed_speed(logs, reference) for name, logs in probes.items()} if len(probes) > 1 else {}
+    return {name: s for name, s in speeds.items() if s is not None}
 
 
 def refitted(prof: dict, samples: list[dict], seed: int) -> dict:

@@ -395,7 +395,17 @@ def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:
     k = forms["decode"].copies
     copy = sum(_kv(k, s) for s in calls)
     return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
-            "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0)}
+            "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0), "speeds": run_speeds(calls)}
+
+
+def run_speeds(calls: list[dict]) -> dict[str, dict[str, float]]:
+    """Per engine run, the machine speed its calls' times were brought back from
+    (`calibrate.calibration.run_speeds`; 1.0: timed at the calibration's speed)."""
+    out: dict[str, dict[str, float]] = {}
+    for s in calls:
+        out.setdefault(s["source"].split(":", 1)[-1], {})["prefill" if s["step"] == "prefill" else "decode"] = \
+            float(s.get("speed", 1.0))
+    return out
 
 
 def _folds(sizes: list[int], rng: random.Random) -> list[set[int]]:

@@ -143,3 +143,28 @@ def test_a_probe_unlike_the_calibrations_is_not_timed():
                        [EventLog.from_dict(d) for d in cut["logs"]]) is None
     same = probed_speed(run, cost, [probes_at(cost, 1.0)])
     assert same["timed"] == pytest.approx({"prefill": 1 / SLOW, "decode": 1 / SLOW})
+
+
+def test_a_calibrations_engine_run_on_a_slowed_machine_is_brought_back_to_its_speed():
+    """A calibration's engine runs are its probes' too: one run timed while the machine ran at 0.8x
+    (its probe and its calls alike) has its calls' times brought back by its probe against the
+    others', so it fits and scores as the runs at the calibration's speed do; the time as timed
+    is kept beside (`measured`)."""
+    from calibrate.calibration import engine_samples, run_speeds
+    cost = cost_model(load_profile(BUILTIN))
+    trace = tinyllm(num_seqs=3, min_in=20, max_in=90, min_out=4, max_out=6, seed=8)
+    setting = {"policy": "eager", "batch_size": 2}
+    runs = [{"name": f"w{i}", "part": "train", "setting": setting, "trace": trace.to_dict(),
+             "log": simulate(trace, policies.make(**setting), cost, warmup=warmup_trace(trace),
+                             noise=slow(f)).to_dict(), "probe": probes_at(cost, f, n=1)}
+            for i, f in enumerate((1.0, SLOW, 1.0))]
+    speeds = run_speeds(runs)
+    assert speeds["w1"] == MachineSpeed(pytest.approx(1 / SLOW), pytest.approx(1 / SLOW))
+    assert speeds["w0"] == speeds["w2"] == MachineSpeed(pytest.approx(1.0), pytest.approx(1.0))
+    samples = engine_samples(runs)
+    by_run = {n: [s for s in samples if s["source"] == f"engine:{n}"] for n in ("w0", "w1")}
+    assert len(by_run["w0"]) == len(by_run["w1"]) > 5
+    for a, b in zip(by_run["w0"], by_run["w1"]):
+        assert b["seconds"] == pytest.approx(a["seconds"], rel=1e-9)
+        assert b["measured"] == pytest.approx(a["seconds"] * SLOW, rel=1e-9) and b["speed"] == pytest.approx(1 / SLOW)
+    assert run_speeds(runs[:1]) == {}  # one run has no other to be timed against
