@@ -395,10 +395,10 @@ def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:
     k = forms["decode"].copies
     copy = sum(_kv(k, s) for s in calls)
     return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
-            "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0), "speeds": run_speeds(calls)}
+            "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0), "speeds": replay_speeds(calls)}
 
 
-def run_speeds(calls: list[dict]) -> dict[str, dict[str, float]]:
+def replay_speeds(calls: list[dict]) -> dict[str, dict[str, float]]:
     """Per engine run, the machine speed its calls' times were brought back from
     (`calibrate.calibration.run_speeds`; 1.0: timed at the calibration's speed)."""
     out: dict[str, dict[str, float]] = {}
