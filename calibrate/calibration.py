@@ -14,7 +14,7 @@ from calibrate.model import LoadedModel, build_as_profiled, build_model, weights
 from calibrate.journal import Journal
 from calibrate.memory_fit import fit_memory, model_config
 from calibrate.profiler import merge, run_grid
-from calibrate.speed_probe import PREFILLS, timed_speed
+from calibrate.speed_probe import PREFILLS, reference_probes, timed_speed
 from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
 from sim.costmodel import cost_model, load_profile
 from sim.log import EventLog
@@ -208,9 +208,13 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
     before = prof["fit"]
     traces = [Trace.from_dicts(d["trace"]["requests"], d["trace"]["meta"]) for d in docs]
     cost = cost_model(prof)  # what the runs' policies priced their chunks with (auto budgets)
+    reference = [EventLog.from_dict(log) for p in reference_probes(prof) for log in p["logs"]]
+    speed = lambda run: timed_speed([EventLog.from_dict(log) for log in (run.get("probe") or {}).get("logs") or []],
+                                    reference)  # the run's probes against the calibration's (none: as timed)
     added = [s for d, r, trace in zip(docs, reports, traces) for run in d["runs"]
-             for s in samples_from_log(relogged(trace, run["log"], run["setting"], cost, profile_kv_bytes(prof)),
-                                       f"run:{r.name}:{run['label']}:r{run['repeat']}")]
+             for s in brought_back(samples_from_log(relogged(trace, run["log"], run["setting"], cost,
+                                                             profile_kv_bytes(prof)),
+                                                    f"run:{r.name}:{run['label']}:r{run['repeat']}"), speed(run))]
     prof.pop("_path")
     prof["samples"] = prof["samples"] + added
     prof.update(refitted(prof, prof["samples"], seed), from_runs=[str(r) for r in reports], refit_of=str(source),
@@ -229,9 +233,18 @@ def engine_samples(runs: list[dict]) -> list[dict]:
     for r in runs:
         log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
         speed = speeds.get(r["name"], MachineSpeed())
-        for s in samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"]):
-            f = speed.prefill if s["step"] in PREFILLS else speed.decode
-            out.append(dict(s, seconds=s["seconds"] * f, measured=s["seconds"], speed=f) if f != 1.0 else s)
+        out += brought_back(samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"]),
+                            speeds.get(r["name"]))
+    return out
+
+
+def brought_back(samples: list[dict], speed: MachineSpeed | None) -> list[dict]:
+    """Samples of a run timed at `speed` (None: the calibration's), their times at the
+    calibration's speed: prefill chunks by the prefill speed, every other call by the decode speed."""
+    out = []
+    for s in samples:
+        f = 1.0 if speed is None else speed.prefill if s["step"] in PREFILLS else speed.decode
+        out.append(dict(s, seconds=s["seconds"] * f, measured=s["seconds"], speed=f) if f != 1.0 else s)
     return out
 
 

@@ -129,6 +129,14 @@ def test_confirm_end_to_end(profile, tmp_path):
     new, old = load_profile(learned), load_profile(profile)
     added = [s for s in new["samples"] if s.get("source", "").startswith("run:report.json:")]
     assert len(added) == sum(len(r["log"]["calls"]) for r in rep["runs"])
+    # each run's calls at the calibration's speed, by its probes timed against the calibration's
+    timed = [p["timed"] for res in rep["results"] for p in res["machine_speed"]["runs"]]
+    assert len(timed) == len(rep["runs"]) and any(s.get("speed") for s in added)
+    for s in added:
+        if "speed" in s:
+            assert s["seconds"] == pytest.approx(s["measured"] * s["speed"], rel=1e-12)
+            assert any(s["speed"] == pytest.approx(t["prefill" if s["step"] == "prefill" else "decode"], rel=1e-9)
+                       for t in timed)
     assert new["samples"][:len(old["samples"])] == [dict(s, held_out=n["held_out"], fitted=n["fitted"])
                                                     if "fitted" in s else s
                                                     for s, n in zip(old["samples"], new["samples"])]
