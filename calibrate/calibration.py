@@ -232,7 +232,6 @@ def engine_samples(runs: list[dict]) -> list[dict]:
     out, speeds = [], run_speeds(runs)
     for r in runs:
         log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
-        speed = speeds.get(r["name"], MachineSpeed())
         out += brought_back(samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"]),
                             speeds.get(r["name"]))
     return out
