@@ -57,9 +57,10 @@ def _attention(step: str, s: dict, knot: float, lone: bool) -> list[float]:
 
 
 def _remainder(L: int, tile: int) -> list[float]:
-    """A chunk's rows beyond its last whole tile run slower kernels: [any at all, how many]."""
+    """A chunk's rows beyond its last whole tile run slower kernels: [any at all, how many, and
+    the chunk's rows if any] (`sim.costmodel.remainder_cost`)."""
     r = L % tile if tile else 0
-    return [float(r > 0), float(r)] if tile else []
+    return [float(r > 0), float(r), float(L) * (r > 0)] if tile else []
 
 
 def _knots(sizes: list[int], tile: int) -> list[int]:
@@ -107,7 +108,7 @@ class Form:
     knot: float = np.inf
     lone: float | None = None  # single decode: seconds per context token (None: as a batch row)
     tile: int = 0
-    rem: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    rem: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     copies: Copies = Copies()
 
     def model(self) -> LinearCostModel:
@@ -224,7 +225,7 @@ def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Co
     att = [float(c) for c in x[len(knots):len(knots) + n_att]]
     more = [float(c) for c in x[len(knots) + n_att:]]
     if step == "prefill":
-        return Form(step, [0.0, 0.0] + att, dense, tile=tile, rem=more or [0.0, 0.0], copies=known)
+        return Form(step, [0.0, 0.0] + att, dense, tile=tile, rem=more or [0.0, 0.0, 0.0], copies=known)
     return Form(step, [0.0, 0.0] + att[:len(att) - lone], dense, knot, att[-1] if lone else None,
                 copies=copies if copies is not None else Copies(*more))
 

@@ -39,6 +39,7 @@ class Grid:
     singles: list[int] | None = None  # contexts of single decodes, a request on its own cache (default: contexts)
     offset_chunk_max: int | None = None  # longer `chunks` are timed at offset 0 only (None: at every offset)
     prompt_max: int | None = None  # longest prompt of the engine runs (`calibrate.replay`; None: the longest chunk)
+    odd_prompts: list[int] = field(default_factory=list)  # unaligned whole prompts, at offset 0
 
     def longest_prompt(self) -> int:
         return self.prompt_max or max(self.chunks)
@@ -54,6 +55,7 @@ class Grid:
                if o == 0 or self.offset_chunk_max is None or c <= self.offset_chunk_max]
         pts += [{"step": "prefill", "chunk": c, "prefix": self.offsets[i % len(self.offsets)]}
                 for i, c in enumerate(self.odd_chunks)]
+        pts += [{"step": "prefill", "chunk": c, "prefix": 0} for c in self.odd_prompts]
         for b in self.batches:
             for ctx in self.contexts:
                 pts.append({"step": "decode", "contexts": [ctx] * b, "batched": True})
@@ -88,13 +90,16 @@ def key_of(p: dict) -> str:
 # odd chunks of 200 and 237 tokens time that corner; so the quick calibration fits in 10 minutes.
 # The chunks of 384 and 512 are whole prompts an eager policy prefills at once: a token beyond 256
 # costs 11-14 ms here against 7 ms below it, which no line through the shorter chunks foresees
-# (prompts of 276-331 ran 8-12% over such a price). The engine runs keep prompts within 256, so
-# their four runs take about three minutes.
+# (prompts of 276-331 ran 8-12% over such a price). Aligned, they are fast: prompts of 271-331
+# ran 12.1-12.8 ms a token where 384 ran 12.0, 15% over a price interpolated between 256 and 384
+# with the remainder fitted below 256; so three unaligned whole prompts between 256 and 512 time
+# that stretch too (a minute). The engine runs keep prompts within 256, so their four runs take
+# about three minutes.
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384, 512], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],
                                               [777] * 3, [100] * 5, [333] * 6, [555] * 7],
              repeats=4, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777],
-             offset_chunk_max=128, prompt_max=256)
+             offset_chunk_max=128, prompt_max=256, odd_prompts=spread(257, 511, 3))
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 250, 262, 1024, 2048],
             batches=list(range(1, 17)), contexts=[64, 256, 1024, 2048],
             mixed=[[64, 2048], [128, 256, 512, 1024], [32] * 7 + [2048], [256, 1024, 1024, 2048, 64, 64]],

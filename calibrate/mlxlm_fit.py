@@ -64,7 +64,7 @@ def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0,
     rest = [float(v) for v in x[len(sizes):]]
     if step == "prompt":
         return MlxLmCosts((0.0, 0.0, rest[0], rest[1]), (0.0, 0.0, 0.0, 0.0), prompt_dense=dense,
-                          prompt_tile=tile, prompt_rem=tuple(rest[2:4]) if tile else (0.0, 0.0),
+                          prompt_tile=tile, prompt_rem=tuple(rest[2:5]) if tile else (0.0, 0.0, 0.0),
                           copy=copies[0], fresh=copies[1])
     att, first, copy, fresh = (rest[:2], *rest[2:]) if knot < np.inf else ([rest[0], rest[0]], *rest[1:])
     return MlxLmCosts((0.0, 0.0, 0.0, 0.0), (0.0, 0.0, att[0], att[1]), step_dense=dense, knot=knot, first=first,

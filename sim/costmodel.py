@@ -33,7 +33,7 @@ from sim.memory import MemoryModel, device_kv_tokens, memory_model, profile_kv_b
 
 
 PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
-                "plus r0 + r1*(L mod tile) when L is not a multiple of the tile; plus copy*written")
+                "plus r0 + r1*(L mod tile) + r2*L when L is not a multiple of the tile; plus copy*written")
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
                "a single decode (own cache): dense(1) + lone*context; dense(batch) = a + b*batch or the measured "
                "curve; plus copy*written (gather*written in a sync where requests only leave) and fresh*fresh rows "
@@ -41,7 +41,7 @@ DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot
                "cache")
 MLX_PROMPT_FORM = ("dense(rows*L) + c*rows*L*(idx + L) + d*rows*idx, L the longest chunk, idx the batch "
                    "cache's write position (every row attends the whole padded buffer), plus r0 + r1*(rows*L mod "
-                   "tile) when rows*L is not a multiple of the tile; plus copy*written")
+                   "tile) + r2*rows*L when rows*L is not a multiple of the tile; plus copy*written")
 MLX_STEP_FORM = ("generate: dense(batch) + batch*attn(max(context)) as DECODE_FORM; first forward: the same "
                  "plus `first`; plus copy*written + fresh*fresh")
 MLX_KINDS = ("prompt", "first", "generate")  # mlx-lm's calls in the log (`sim.work`)
@@ -115,10 +115,13 @@ def call_copies(cost: CostModel, kind: str, joined: int, left: int, written: int
     return kv_copies(cost, written, fresh, is_gather(kind, joined, left), is_step_growth(kind, joined, left))
 
 
-def remainder_cost(rows: int, tile: int, rem: tuple[float, float]) -> float:
-    """What rows beyond a call's last whole tile add: rem[0] if there are any, rem[1] per row."""
+def remainder_cost(rows: int, tile: int, rem: tuple[float, ...]) -> float:
+    """What rows beyond a call's last whole tile add: rem[0] if there are any, rem[1] per such
+    row, and rem[2] (where a profile has it) per row of the whole call: an unaligned call of 271
+    rows ran 0.5 s over its aligned neighbours where one of 15 ran 0.2 s over, so the slower
+    kernel's share grows with the call."""
     r = rows % tile if tile else 0
-    return rem[0] + rem[1] * r if r else 0.0
+    return rem[0] + rem[1] * r + (rem[2] * rows if len(rem) > 2 else 0.0) if r else 0.0
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,7 @@ class MlxLmCosts:
     fresh: float = 0.0
     iteration: float = 0.0  # host work between two next() calls
     prompt_tile: int = 0  # rows*L beyond a multiple of this run slower kernels (0: no such term)
-    prompt_rem: tuple[float, float] = (0.0, 0.0)  # their cost: once if any, and per row
+    prompt_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the call]
 
     def prompt(self, rows: int, tokens: int, idx: int) -> float:
         a, b, c, d = self.prompt_coef
@@ -203,7 +206,7 @@ class LinearCostModel:
     gather: float | None = None  # per token-row written by a sync where requests only leave (None: `copy`)
     fresh_step: float | None = None  # per fresh token-row of a prefill's or decode's growth (None: `fresh`)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
-    prefill_rem: tuple[float, float] = (0.0, 0.0)  # their cost: once if any, and per row
+    prefill_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the chunk]
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
     pdsim_forms: bool = True  # False: a profile of mlx-lm's calls only, which cannot price pdsim's engine
     memory: MemoryModel | None = None  # the profile's peak-memory model (`sim.memory`), if it has one

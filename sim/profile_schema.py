@@ -226,11 +226,12 @@ def check_cost(w: _Where, cost: dict) -> None:
 
 
 def _tile(w: _Where, sec: dict, field: str) -> None:
-    """A step's tile (a whole number of rows) and the remainder's two prices, where given."""
+    """A step's tile (a whole number of rows) and the remainder's prices (two, or three with a
+    price per row of the whole call), where given."""
     if "tile" in sec:
         _whole(w, sec["tile"], f"{field}.tile", 0, 1 << 20)
     if "remainder" in sec:
-        _numbers(w, sec["remainder"], f"{field}.remainder", (2,))
+        _numbers(w, sec["remainder"], f"{field}.remainder", (2, 3))
 
 
 def check_mlx_lm(w: _Where, m: dict) -> None:

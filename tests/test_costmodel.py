@@ -86,10 +86,11 @@ def test_decode_attention_slope_may_change_at_the_knot():
 
 
 def test_fit_recovers_a_tile_remainder_kv_copies_and_joins():
-    """Chunks beyond a multiple of 16 rows paying extra, and decode calls that copy KV buffers or
-    change the batch, are recovered from samples that exercise them; the tile by cross-validation."""
+    """Chunks beyond a multiple of 16 rows paying extra (once, per row beyond, and per row of the
+    chunk), and decode calls that copy KV buffers or change the batch, are recovered from samples
+    that exercise them; the tile by cross-validation."""
     truth = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6), prefill_dense=TRUTH.prefill_dense,
-                            decode_dense=TRUTH.decode_dense, prefill_tile=16, prefill_rem=(0.05, 0.01), copy=2e-4,
+                            decode_dense=TRUTH.decode_dense, prefill_tile=16, prefill_rem=(0.05, 0.01, 4e-4), copy=2e-4,
                             join=(0.03, 0.0, 0.0), leave=(0.02, 0.0, 0.0))
     rng = random.Random(1)
     pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 0} for L in (8, 16, 32, 64, 128)
@@ -106,7 +107,7 @@ def test_fit_recovers_a_tile_remainder_kv_copies_and_joins():
                         + truth.membership(x["joined"], x["left"], [x["context_max"]] * x["batch"]))
     fitted = fit_profile(pre + dec)
     assert fitted["cost"]["prefill"]["tile"] == 16
-    assert fitted["cost"]["prefill"]["remainder"] == pytest.approx([0.05, 0.01], rel=1e-3)
+    assert fitted["cost"]["prefill"]["remainder"] == pytest.approx([0.05, 0.01, 4e-4], rel=1e-3)
     assert fitted["cost"]["copy"] == pytest.approx(2e-4, rel=1e-4)
     assert fitted["cost"]["join"][0] == pytest.approx(0.03, rel=1e-3)
     assert fitted["cost"]["leave"][0] == pytest.approx(0.02, rel=1e-3)

@@ -170,8 +170,7 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
         slopes += f"; a single decode {d['lone'] * 1e6:.2f} us per token"
     print(f"  decode attention: {slopes}")
     if pf.get("tile"):
-        r0, r1 = pf["remainder"]
-        print(f"  prefill: rows beyond a multiple of {pf['tile']} cost {r0 * 1e3:.1f} ms + {r1 * 1e3:.2f} ms per row")
+        print(f"  prefill: rows beyond a multiple of {pf['tile']} cost {remainder_text(pf['remainder'])}")
     per = lambda abc: f"{abc[0] * 1e3:.1f} ms" + (f" + {abc[1] * 1e3:.1f} ms/row + {abc[2] * 1e6:.1f} us/row-token"
                                                   if abc[1] or abc[2] else "")
     print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms; KV buffer written {c.get('copy', 0) * 1e6:.1f} us "
@@ -183,6 +182,12 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
         report_replay(prof["fit"]["replay"])
     report_memory(prof.get("memory"))
     print(f"wrote {prof['_path']}")
+
+
+def remainder_text(rem: list[float]) -> str:
+    """A tile's remainder prices, as `report` prints them (older profiles have two)."""
+    text = f"{rem[0] * 1e3:.1f} ms + {rem[1] * 1e3:.2f} ms per row"
+    return text + (f" + {rem[2] * 1e6:.1f} us per row of the call" if len(rem) > 2 else "")
 
 
 def report_memory(m: dict | None) -> None:
@@ -212,9 +217,8 @@ def report_mlx_lm(m: dict) -> None:
           f"{g['first'] * 1e3:.1f} ms more; prompt call attention {pr['coef'][2] * 1e9:.2f} ns per row-token x "
           f"(position + chunk)")
     if pr.get("tile"):
-        r0, r1 = pr["remainder"]
-        print(f"  mlx-lm prompt call: rows x chunk beyond a multiple of {pr['tile']} cost {r0 * 1e3:.1f} ms + "
-              f"{r1 * 1e3:.2f} ms per row")
+        print(f"  mlx-lm prompt call: rows x chunk beyond a multiple of {pr['tile']} cost "
+              f"{remainder_text(pr['remainder'])}")
     print(f"  mlx-lm KV buffer written {m['copy'] * 1e6:.1f} us per token-row (fresh: {m['fresh'] * 1e6:.1f} us "
           f"more); host work between next() calls {m['iteration'] * 1e3:.2f} ms")
 
