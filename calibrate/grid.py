@@ -92,14 +92,14 @@ def key_of(p: dict) -> str:
 # costs 11-14 ms here against 7 ms below it, which no line through the shorter chunks foresees
 # (prompts of 276-331 ran 8-12% over such a price). Aligned, they are fast: prompts of 271-331
 # ran 12.1-12.8 ms a token where 384 ran 12.0, 15% over a price interpolated between 256 and 384
-# with the remainder fitted below 256; so three unaligned whole prompts between 256 and 512 time
-# that stretch too (a minute). The engine runs keep prompts within 256, so their four runs take
+# with the remainder fitted below 256; so two unaligned whole prompts between 256 and 512 time
+# that stretch too (40 s). The engine runs keep prompts within 256, so their four runs take
 # about three minutes.
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384, 512], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],
                                               [777] * 3, [100] * 5, [333] * 6, [555] * 7],
              repeats=4, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777],
-             offset_chunk_max=128, prompt_max=256, odd_prompts=spread(257, 511, 3))
+             offset_chunk_max=128, prompt_max=256, odd_prompts=spread(257, 511, 2))
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 250, 262, 1024, 2048],
             batches=list(range(1, 17)), contexts=[64, 256, 1024, 2048],
             mixed=[[64, 2048], [128, 256, 512, 1024], [32] * 7 + [2048], [256, 1024, 1024, 2048, 64, 64]],

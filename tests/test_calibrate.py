@@ -102,7 +102,7 @@ def test_grids_time_unaligned_shapes_and_long_chunks_after_no_prefix_only_when_a
     # whole prompts beyond 256 tokens (an eager policy's prefills) at offset 0 only; the engine runs
     # keep their prompts within prompt_max, so the grid's dearest points are not run again there
     assert {c for o, c in quick if c > 256} >= {384, 512} and all(o == 0 for o, c in quick if c > 256)
-    assert len({c for o, c in quick if c > 256 and c % 16}) >= 3  # and unaligned ones between them
+    assert len({c for o, c in quick if c > 256 and c % 16}) >= 2  # and unaligned ones between them
     assert QUICK.max_context() < max(QUICK.offsets) + max(QUICK.chunks)
     loads = workloads(max(QUICK.batches), QUICK.longest_prompt(), 1000)
     lens = [r.prompt_len for ws in loads.values() for w in ws for r in w.trace.requests]
