@@ -28,7 +28,7 @@ from sim.inputs import read_json_object
 
 STEPS = ("prefill", "decode")
 SAMPLE_STEPS = ("prefill", "decode", "sync", "overhead", "join", "leave", "prompt", "generate")  # the last two: mlx-lm's
-GRID_LISTS = ("chunks", "offsets", "batches", "contexts", "odd_chunks")
+GRID_LISTS = ("chunks", "offsets", "batches", "contexts", "odd_chunks", "odd_prompts")
 
 
 def read_profile(path: str | Path) -> dict:
@@ -333,7 +333,7 @@ def check_grid(w: _Where, grid) -> None:
         flat, optional = ("offsets", "batches", "contexts"), ()
         nested = {key: (0, "whole numbers") for key in ("prompts", "firsts", "merges")}
     else:
-        flat, optional = GRID_LISTS + ("singles",), ("odd_chunks", "singles")
+        flat, optional = GRID_LISTS + ("singles",), ("odd_chunks", "odd_prompts", "singles")
         nested = {"mixed": (1, "contexts")}
     extra = sorted(set(grid) - set(flat) - set(nested) - {"repeats", "warmup", "offset_chunk_max", "prompt_max"})
     if extra:
