@@ -248,12 +248,14 @@ def brought_back(samples: list[dict], speed: MachineSpeed | None) -> list[dict]:
 
 
 def run_speeds(runs: list[dict]) -> dict[str, MachineSpeed]:
-    """Each engine run's machine speed against the calibration's: the probe served just before
-    it timed against the median over every run's probe (`timed_speed`, no price in it). A shared
+    """Each engine run's machine speed against the calibration's: the probes served just before
+    and after it timed against the median over every run's probes (`timed_speed`, no price in
+    it; profiles from before the probe after have the one before only). A shared
     VM slows down for minutes at a time (one held-out run here at 0.77x on prefills, 0.84x on
     decodes, the others at 0.99-1.06x): unadjusted, its replay table reads the slowdown as the
     model's error, and a slowed training run moves the join and leave prices fitted from its
-    calls. The probe comes before the run and lasts 3 s: there it over-corrected by 7-10%."""
+    calls. A probe lasts about 6 s: one before the run alone over-corrected by 7-10% there, and
+    in another calibration read 0.72x for a run that ran at 1.0x."""
     probes = {r["name"]: [EventLog.from_dict(d) for d in r["probe"]["logs"]]
               for r in runs if (r.get("probe") or {}).get("logs")}
     reference = [log for logs in probes.values() for log in logs]

@@ -69,8 +69,8 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
 def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bool = True) -> Iterator[tuple[dict, dict]]:
     """Serve each workload once, each in a fresh process after an untimed warm-up, as confirm runs
     are (a process that timed the grid has touched gigabytes: its joins would never meet fresh
-    memory); yield each timed run's log (a dict) as it finishes, with the speed probe served just
-    before it (`calibrate.speed_probe`: what a confirm's probes are timed against).
+    memory); yield each timed run's log (a dict) as it finishes, with the speed probes served just
+    before and just after it (`calibrate.speed_probe`: what a confirm's probes are timed against).
     `model`: the worker's model spec."""
     folder.mkdir(parents=True, exist_ok=True)
     for w in loads:
@@ -79,7 +79,7 @@ def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bo
         w.trace.save_jsonl(trace, overwrite=True)  # an interrupted run left one: the folder is ours (locked)
         try:
             out = run_fresh({"model": model, "trace_path": str(trace), "setting": w.setting, "warmup": 1,
-                             "engine": w.engine, "probe": w.engine, "probe_after": False}, folder / f"{w.name}.json")
+                             "engine": w.engine, "probe": w.engine}, folder / f"{w.name}.json")
         except RunFailed as e:
             raise UserError(f"engine run {w.name} failed: {e}") from None
         if progress:  # a line, not a bar: these run between the grid's rounds, under its bar

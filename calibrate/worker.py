@@ -51,8 +51,7 @@ def run_spec(spec: dict) -> dict:
     t0 = time.perf_counter()
     run = engine.run(trace, policy)
     wall = time.perf_counter() - t0
-    if spec.get("probe_after", True):  # a calibration's engine runs: the probe before only
-        probe.run()
+    probe.run()
     return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
             "wall_s": wall, "host": host_info(), "setting": spec["setting"], "probe": probe.result(),
             "trace_sha256": trace.sha256(), "warmup": spec.get("warmup", 1)}  # what was measured, to resume by
@@ -69,8 +68,7 @@ def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
     t0 = time.perf_counter()
     run, check, _ = run_batch_generator(lm, trace, spec["setting"], largest)
     wall = time.perf_counter() - t0
-    if spec.get("probe_after", True):  # a calibration's engine runs: the probe before only
-        probe.run()
+    probe.run()
     checks.append(check)
     return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
             "wall_s": wall, "host": host_info(), "setting": spec["setting"], "probe": probe.result(),

@@ -60,8 +60,8 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     assert all(r["ratio_p10"] <= r["ratio_median"] <= r["ratio_p90"] for r in replay["by_kind"])
     assert 0 <= replay["between_calls_share"] < 0.5 and "engine replay, held out" in stdout
     assert any(s.get("held_out") for s in prof["samples"] if s["step"] == "prefill")
-    # each engine run was probed just before it (a confirm run, before and after): what confirms time theirs against
-    assert all(r["probe"]["setting"] == SETTING and len(r["probe"]["logs"]) == 1 for r in prof["engine_runs"])
+    # each engine run was probed just before and just after it, as a confirm run: what confirms time theirs against
+    assert all(r["probe"]["setting"] == SETTING and len(r["probe"]["logs"]) == 2 for r in prof["engine_runs"])
     assert all({c[0] for c in log["calls"]} >= {"prefill", "decode"} for r in prof["engine_runs"]
                for log in r["probe"]["logs"])
     for step in ("prefill", "decode", "sync"):
@@ -219,7 +219,7 @@ def test_an_interrupted_calibrations_engine_runs_resume_with_their_probes(tmp_pa
     with Journal(path, header) as journal:
         EngineRuns(lm, {"held_out": [w]}, journal, progress=False).run([w])
     (row,) = [json.loads(line) for line in path.read_text().splitlines()[1:]]
-    assert row["workload"] == w.name and len(row["probe"]["logs"]) == 1
+    assert row["workload"] == w.name and len(row["probe"]["logs"]) == 2
     with path.open("a") as f:  # a row as a partial file from before stop 25 has it
         f.write(json.dumps({"workload": old.name, "log": row["log"]}) + "\n")
     with Journal(path, header) as journal:
