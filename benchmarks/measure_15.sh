@@ -4,9 +4,11 @@
 # README's two seed experiments and the gamma workload with the second calibration; every confirm
 # probes the machine's speed around each run (`calibrate/speed_probe.py`). On a quiet machine
 # (about 70 minutes on 2 cores). Clones, venvs and reports under $OUT (default /tmp/pdsim-m15);
-# the summary table: `python3 benchmarks/measure_15_table.py $OUT`.
+# the summary table: `python3 benchmarks/measure_15_table.py $OUT`. GAMMA_SEED (default 7) picks the
+# gamma workload's seed: a new one each round keeps it a workload nothing was tuned on.
 set -u
 OUT=${OUT:-/tmp/pdsim-m15}
+GAMMA_SEED=${GAMMA_SEED:-7}
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$OUT"
 export CI=true
@@ -30,7 +32,7 @@ pdsim confirm --profile $P --trace metile --prompt-len 256 --output-len 32 \
   -o runs/confirm-metile.json > "$OUT/metile.log" 2>&1
 echo "metile rc=$? $(date)"
 pdsim traces gen gamma --num-requests 12 --rate 1.5 --burstiness 1/3 --min-in 9 --max-in 333 \
-  --min-out 3 --max-out 21 --seed 7 -o runs/gamma12.jsonl
+  --min-out 3 --max-out 21 --seed $GAMMA_SEED -o runs/gamma12.jsonl
 pdsim confirm --profile $P --trace runs/gamma12.jsonl \
   --setting chunked:budget=32,batch_size=4 eager:batch_size=4 --repeats 3 -o runs/confirm-gamma.json \
   > "$OUT/gamma.log" 2>&1
