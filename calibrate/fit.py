@@ -20,7 +20,7 @@ import numpy as np
 from scipy.optimize import least_squares, lsq_linear
 
 from sim.errors import InputError
-from sim.noise import measure as measure_noise, measure_copies
+from sim.noise import measure as measure_noise
 from sim.residuals import summarize
 from sim.costmodel import (DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel, call_copies, is_gather,
                            is_step_growth)
@@ -58,9 +58,8 @@ def _attention(step: str, s: dict, knot: float, lone: bool) -> list[float]:
 
 def _remainder(L: int, tile: int) -> list[float]:
     """A chunk's rows beyond its last whole tile run slower kernels: [any at all, how many, and
-    the chunk's rows if any]; a chunk within one tile has none (`sim.costmodel.remainder_cost`,
-    `above` the tile)."""
-    r = L % tile if tile and L > tile else 0
+    the chunk's rows if any] (`sim.costmodel.remainder_cost`)."""
+    r = L % tile if tile else 0
     return [float(r > 0), float(r), float(L) * (r > 0)] if tile else []
 
 
@@ -116,8 +115,8 @@ class Form:
         curve, k = Curve.from_pairs(self.dense), self.copies
         if self.step == "prefill":
             return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve, prefill_tile=self.tile,
-                                   prefill_rem=tuple(self.rem), prefill_rem_above=self.tile, copy=k.copy,
-                                   fresh=k.fresh, gather=k.gather, fresh_step=k.fresh_step)
+                                   prefill_rem=tuple(self.rem), copy=k.copy, fresh=k.fresh, gather=k.gather,
+                                   fresh_step=k.fresh_step)
         return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot,
                                decode_lone=self.lone, copy=k.copy, fresh=k.fresh, gather=k.gather,
                                fresh_step=k.fresh_step, join=(k.join, 0.0, 0.0),
@@ -171,13 +170,15 @@ def fit_copies(samples: list[dict]) -> Copies:
     low; an error relative to either time alone is bounded on one side, and a fit to it priced
     this machine's leaves 8x what they ran.
 
-    The price of a fresh row is then the median, over the syncs that wrote fresh rows, of each
-    one's time beyond its price without them, per fresh row (as `fit_fresh_step`): what a fresh
-    row costs scatters 2-5x from join to join (137-581 us in one calibration here), and the joint
-    fit leaned on the large joins, which write many fresh rows cheaply: 372 us where the median
-    join paid 419, and confirm runs' fresh joins 450-650 (stop 29)."""
+    That fit is of the syncs that wrote no fresh rows (where there are a few), and a fresh row's
+    price is then the median, over the syncs that wrote fresh rows, of each one's time beyond its
+    price without them, per fresh row (as `fit_fresh_step`): what a fresh row costs scatters 2-5x
+    from join to join (137-581 us in one calibration here), and one fit of all syncs leaned on the
+    large joins, which write thousands of fresh rows cheaply: 372 us a fresh row where the median
+    join paid 419 and confirm runs' fresh joins 450-650, and 53 us a warm row where the confirm
+    runs' joins without fresh rows copied 23-35 (stop 29)."""
     warm = [s for s in samples if not s.get("fresh")]
-    base = warm if len(warm) >= 4 else samples  # rows written into memory used before set the per-row prices
+    base = warm if len(warm) >= 4 else samples
     X = np.array([_copy_terms(s, gather=True) for s in base])
     y = np.array([s["seconds"] for s in base])
     x = _nnls(X, y, y)
@@ -189,7 +190,7 @@ def fit_copies(samples: list[dict]) -> Copies:
     copy, fresh, join, leave, gather = map(float, x)
     copies = Copies(copy, fresh, join, leave, gather if used[4] else None)
     dear = [s for s in samples if s.get("fresh")]
-    if dear:  # the typical fresh row: the median over fresh syncs of what each ran beyond its price without them
+    if dear:
         beyond = [(s["seconds"] - copies.of(dict(s, fresh=0))) / s["fresh"] for s in dear]
         copies = replace(copies, fresh=max(0.0, float(statistics.median(beyond))))
     return copies
@@ -359,7 +360,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     cost = {
         "use": "grid" if "grid" in uses.values() else "fit",  # read by older pdsim; the steps' `use` decide
         "prefill": {"form": PREFILL_FORM, "coef": pf.coef, "dense": pf.dense, "use": uses["prefill"],
-                    **({"tile": pf.tile, "remainder": pf.rem, "remainder_above": pf.tile} if pf.tile else {}),
+                    **({"tile": pf.tile, "remainder": pf.rem} if pf.tile else {}),
                     "grid": _grid_points("prefill", by_step["prefill"]).tolist()},
         "decode": {"form": DECODE_FORM, "coef": dc.coef, "dense": dc.dense, "use": uses["decode"],
                    **({"knot": dc.knot} if dc.knot < np.inf else {}),
@@ -380,7 +381,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
             p["fitted"] = float(f)
     fit = {"errors": errors, "target": TARGET, "uses": cost["use"], "speed_by_round": speed_by_round(samples)}
-    fit |= noise_of(samples, fit["speed_by_round"], by_step.get("sync", []))
+    fit |= noise_of(samples, fit["speed_by_round"])
     if held_runs:
         fit["replay"] = replay_errors(held_runs, forms)
     return {"cost": cost, "fit": fit}
@@ -461,15 +462,11 @@ def fit_copy(samples: list[dict]) -> list[float]:
     return [float(c) for c in res.x]
 
 
-def noise_of(samples: list[dict], speeds: list[float], syncs: list[dict] = ()) -> dict:
+def noise_of(samples: list[dict], speeds: list[float]) -> dict:
     """The calls' own noise (`sim.noise`), for predicting tails: {"noise": ...}, or {} when the
-    grid repeated too few points to say; with the scatter of the syncs that copied KV rows, each
-    timed over its fitted price, where there are enough (`sim.noise.measure_copies`)."""
+    grid repeated too few points to say."""
     noise = measure_noise(samples, speeds)
-    if noise is None:
-        return {}
-    copies = measure_copies([s["seconds"] / s["fitted"] for s in syncs if s.get("written") and s.get("fitted")])
-    return {"noise": replace(noise, copies=copies).to_json()}
+    return {"noise": noise.to_json()} if noise is not None else {}
 
 
 def speed_by_round(samples: list[dict]) -> list[float]:

@@ -65,7 +65,6 @@ def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0,
     if step == "prompt":
         return MlxLmCosts((0.0, 0.0, rest[0], rest[1]), (0.0, 0.0, 0.0, 0.0), prompt_dense=dense,
                           prompt_tile=tile, prompt_rem=tuple(rest[2:5]) if tile else (0.0, 0.0, 0.0),
-                          prompt_rem_above=tile,
                           copy=copies[0], fresh=copies[1])
     att, first, copy, fresh = (rest[:2], *rest[2:]) if knot < np.inf else ([rest[0], rest[0]], *rest[1:])
     return MlxLmCosts((0.0, 0.0, 0.0, 0.0), (0.0, 0.0, att[0], att[1]), step_dense=dense, knot=knot, first=first,
@@ -125,8 +124,7 @@ def fit_mlx_lm(samples: list[dict], iteration: float, seed: int = 0) -> dict:
     g, pr = forms["generate"], forms["prompt"]
     section = {
         "prompt": {"form": MLX_PROMPT_FORM, "coef": list(pr.prompt_coef), "dense": _pairs(pr.prompt_dense),
-                   **({"tile": pr.prompt_tile, "remainder": list(pr.prompt_rem), "remainder_above": pr.prompt_rem_above}
-                      if pr.prompt_tile else {})},
+                   **({"tile": pr.prompt_tile, "remainder": list(pr.prompt_rem)} if pr.prompt_tile else {})},
         "generate": {"form": MLX_STEP_FORM, "coef": list(g.step_coef), "dense": _pairs(g.step_dense),
                      **({"knot": g.knot} if g.knot < np.inf else {}), "first": g.first},
         "copy": g.copy, "fresh": g.fresh, "iteration": iteration,

@@ -115,15 +115,12 @@ def call_copies(cost: CostModel, kind: str, joined: int, left: int, written: int
     return kv_copies(cost, written, fresh, is_gather(kind, joined, left), is_step_growth(kind, joined, left))
 
 
-def remainder_cost(rows: int, tile: int, rem: tuple[float, ...], above: int = 0) -> float:
+def remainder_cost(rows: int, tile: int, rem: tuple[float, ...]) -> float:
     """What rows beyond a call's last whole tile add: rem[0] if there are any, rem[1] per such
     row, and rem[2] (where a profile has it) per row of the whole call: an unaligned call of 271
     rows ran 0.5 s over its aligned neighbours where one of 15 ran 0.2 s over, so the slower
-    kernel's share grows with the call. Only calls of more than `above` rows pay it (profiles
-    since stop 29: the tile; a call within one tile is that partial tile alone, and costs what
-    the tile does: chunks of 5 and 7 rows ran 390-450 ms where 8 ran 435, and were priced 560-600
-    with the remainder; older profiles: 0, every unaligned call)."""
-    r = rows % tile if tile and rows > above else 0
+    kernel's share grows with the call."""
+    r = rows % tile if tile else 0
     return rem[0] + rem[1] * r + (rem[2] * rows if len(rem) > 2 else 0.0) if r else 0.0
 
 
@@ -167,14 +164,12 @@ class MlxLmCosts:
     iteration: float = 0.0  # host work between two next() calls
     prompt_tile: int = 0  # rows*L beyond a multiple of this run slower kernels (0: no such term)
     prompt_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the call]
-    prompt_rem_above: int = 0  # only calls of more rows pay it (`remainder_cost`)
 
     def prompt(self, rows: int, tokens: int, idx: int) -> float:
         a, b, c, d = self.prompt_coef
         n = rows * tokens
         dense = self.prompt_dense(n) if self.prompt_dense else a + b * n
-        rem = remainder_cost(n, self.prompt_tile, self.prompt_rem, self.prompt_rem_above)
-        return dense + rem + c * n * (idx + tokens) + d * rows * idx
+        return dense + remainder_cost(n, self.prompt_tile, self.prompt_rem) + c * n * (idx + tokens) + d * rows * idx
 
     def step(self, contexts: Sequence[int]) -> float:
         a, b, c, e = self.step_coef
@@ -212,7 +207,6 @@ class LinearCostModel:
     fresh_step: float | None = None  # per fresh token-row of a prefill's or decode's growth (None: `fresh`)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the chunk]
-    prefill_rem_above: int = 0  # only chunks of more rows pay it (`remainder_cost`)
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
     pdsim_forms: bool = True  # False: a profile of mlx-lm's calls only, which cannot price pdsim's engine
     memory: MemoryModel | None = None  # the profile's peak-memory model (`sim.memory`), if it has one
@@ -253,7 +247,7 @@ class LinearCostModel:
     def _prefill_terms(self, chunk: int) -> tuple[float, float, float]:
         a, b, c, d = self.prefill_coef
         dense = self.prefill_dense(chunk) if self.prefill_dense else a + b * chunk
-        return dense + remainder_cost(chunk, self.prefill_tile, self.prefill_rem, self.prefill_rem_above), c, d
+        return dense + remainder_cost(chunk, self.prefill_tile, self.prefill_rem), c, d
 
     def prefill(self, chunk: int, prefix: int) -> float:
         dense, c, d = self._prefill_terms(chunk)
@@ -431,8 +425,7 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           gather=None if c.get("gather") is None else float(c["gather"]),
                           fresh_step=None if c.get("fresh_step") is None else float(c["fresh_step"]),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
-                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))),
-                          prefill_rem_above=int(c["prefill"].get("remainder_above", 0)), mlx=mlx, memory=memory,
+                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
                           kv_bytes=kv_bytes, kv_capacity=capacity)
     grid = {step: c[step].get("use", c.get("use", "fit")) == "grid" for step in ("prefill", "decode")}
     if any(grid.values()):
@@ -447,8 +440,7 @@ def mlx_lm_costs(m: dict) -> MlxLmCosts:
     return MlxLmCosts(tuple(map(float, pr["coef"])), tuple(map(float, st["coef"])), Curve.from_pairs(pr.get("dense")),
                       Curve.from_pairs(st.get("dense")), float(st.get("knot") or "inf"), float(st.get("first", 0.0)),
                       float(m.get("copy", 0.0)), float(m.get("fresh", 0.0)), float(m.get("iteration", 0.0)),
-                      int(pr.get("tile", 0)), tuple(map(float, pr.get("remainder", (0.0, 0.0)))),
-                      int(pr.get("remainder_above", 0)))
+                      int(pr.get("tile", 0)), tuple(map(float, pr.get("remainder", (0.0, 0.0)))))
 
 
 def _triple(v) -> tuple[float, float, float]:

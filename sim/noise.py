@@ -13,12 +13,6 @@ round gives its own distribution and the median over rounds is kept: a round ano
 disturbed (factors up to 2.8 where the quiet round's worst was 1.13) does not set the tails. A
 prediction then replays a run several times (`sim.predict`), every call's time multiplied by a
 factor drawn from it, and takes each metric's median over the replays.
-
-KV copies scatter far more than steps: the same join, in the same workload, ran 833-1,026 ms in
-three repeats, and joins of one calibration paid 137-581 us per fresh row (memory the allocator
-maps anew; stop 29). The grid cannot show that, so `copies` is measured on the calibration's
-engine runs: each sync call's time over its fitted price (`measure_copies`). A replay draws a
-sync's factor from it, and a step's from the grid's.
 """
 from __future__ import annotations
 
@@ -30,7 +24,6 @@ from typing import Callable, Iterable
 
 POINTS = 41  # quantiles stored: probabilities 0, 1/40, ..., 1
 MIN_CALLS = 60  # fewer timings than this say too little about a tail
-MIN_COPIES = 8  # sync calls that copy KV rows, fewer than this: a sync takes its step's factor
 NOISY = 1.3  # a p95 above this: other work ran in most rounds (quiet calibrations here: 1.14-1.17)
 
 
@@ -40,9 +33,8 @@ class CallNoise:
     (the first 0, the last 1), measured over `calls` calls."""
     quantiles: tuple[float, ...]
     calls: int
-    copies: "CallNoise | None" = None  # a sync's (the KV copies of a join or leave); None: as a step's
 
-    def sampler(self, seed: int | str) -> Callable[[], float]:
+    def sampler(self, seed: int) -> Callable[[], float]:
         """Factors drawn from the distribution (inverse CDF, linear between quantiles); seeded."""
         rng, q = random.Random(seed), self.quantiles
         top = len(q) - 1
@@ -53,25 +45,15 @@ class CallNoise:
             return q[i] + (q[i + 1] - q[i]) * (u - i)
         return draw
 
-    def copies_sampler(self, seed: int) -> Callable[[], float] | None:
-        """A sync's factors, from `copies`, on a stream of their own (a run's steps draw the same
-        factors whatever its syncs do); None where not measured: a sync takes its step's."""
-        return self.copies.sampler(f"copies/{seed}") if self.copies is not None else None
-
     def to_json(self) -> dict:
-        out = {"quantiles": list(self.quantiles), "calls": self.calls,
-               "source": "the calibration's grid timings, each over its point's median, the round's speed divided out"}
-        if self.copies is not None:
-            out["copies"] = {"quantiles": list(self.copies.quantiles), "calls": self.copies.calls,
-                             "source": "the calibration's engine runs: each sync call's time over its fitted price"}
-        return out
+        return {"quantiles": list(self.quantiles), "calls": self.calls,
+                "source": "the calibration's grid timings, each over its point's median, the round's speed divided out"}
 
     @staticmethod
     def from_json(doc: dict | None) -> "CallNoise | None":
         if not doc:
             return None
-        return CallNoise(tuple(float(x) for x in doc["quantiles"]), int(doc["calls"]),
-                         CallNoise.from_json(doc.get("copies")))
+        return CallNoise(tuple(float(x) for x in doc["quantiles"]), int(doc["calls"]))
 
     def at(self, p: float) -> float:
         """The factor at probability p (for summaries)."""
@@ -103,15 +85,6 @@ def measure(samples: Iterable[dict], speeds: list[float]) -> CallNoise | None:
         return None
     q = [median(_quantile(r, k / (POINTS - 1)) for r in rounds) for k in range(POINTS)]
     return CallNoise(tuple(q), sum(map(len, rounds)))
-
-
-def measure_copies(ratios: list[float]) -> CallNoise | None:
-    """The scatter of KV copies: the calibration's sync calls, each time over its fitted price
-    (`calibrate.fit`). None with fewer than `MIN_COPIES`."""
-    xs = sorted(ratios)
-    if len(xs) < MIN_COPIES:
-        return None
-    return CallNoise(tuple(_quantile(xs, k / (POINTS - 1)) for k in range(POINTS)), len(xs))
 
 
 def _quantile(xs: list[float], p: float) -> float:

@@ -35,8 +35,7 @@ def replays(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: 
     cost = speed.of(cost)
     if noise is None or replicas < 1:
         return [simulate(trace, policy(), cost, warmup=warmup)], False
-    return [simulate(trace, policy(), cost, warmup=warmup, noise=noise.sampler(i), copy_noise=noise.copies_sampler(i))
-            for i in range(replicas)], True
+    return [simulate(trace, policy(), cost, warmup=warmup, noise=noise.sampler(i)) for i in range(replicas)], True
 
 
 def predict(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: CallNoise | None = None,

@@ -151,15 +151,12 @@ def check_profile(prof: dict, path) -> None:
         check_memory(w, _obj(w, prof["memory"], "memory"))
 
 
-def check_noise(w: _Where, noise: dict, field: str = "fit.noise") -> None:
-    """Quantiles of a call's time factor (`sim.noise`): at least two, finite, > 0, not decreasing;
-    and a sync's, where measured (`copies`)."""
-    q = _numbers(w, noise.get("quantiles"), f"{field}.quantiles", lo=1e-6)
+def check_noise(w: _Where, noise: dict) -> None:
+    """Quantiles of a call's time factor (`sim.noise`): at least two, finite, > 0, not decreasing."""
+    q = _numbers(w, noise.get("quantiles"), "fit.noise.quantiles", lo=1e-6)
     if len(q) < 2 or any(b < a for a, b in zip(q, q[1:])):
-        raise w.fail(f"{field}.quantiles", "must hold at least two numbers, not decreasing (they are quantiles)")
-    _whole(w, noise.get("calls"), f"{field}.calls", lo=1)
-    if noise.get("copies") is not None:
-        check_noise(w, _obj(w, noise["copies"], f"{field}.copies"), f"{field}.copies")
+        raise w.fail("fit.noise.quantiles", "must hold at least two numbers, not decreasing (they are quantiles)")
+    _whole(w, noise.get("calls"), "fit.noise.calls", lo=1)
 
 
 def check_memory(w: _Where, m: dict) -> None:
@@ -229,15 +226,12 @@ def check_cost(w: _Where, cost: dict) -> None:
 
 
 def _tile(w: _Where, sec: dict, field: str) -> None:
-    """A step's tile (a whole number of rows), the remainder's prices (two, or three with a
-    price per row of the whole call) and the calls that pay them (more rows than
-    `remainder_above`), where given."""
+    """A step's tile (a whole number of rows) and the remainder's prices (two, or three with a
+    price per row of the whole call), where given."""
     if "tile" in sec:
         _whole(w, sec["tile"], f"{field}.tile", 0, 1 << 20)
     if "remainder" in sec:
         _numbers(w, sec["remainder"], f"{field}.remainder", (2, 3))
-    if "remainder_above" in sec:
-        _whole(w, sec["remainder_above"], f"{field}.remainder_above", 0, 1 << 20)
 
 
 def check_mlx_lm(w: _Where, m: dict) -> None:

@@ -19,8 +19,7 @@ from traces.trace import Trace
 
 
 def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True, warmup: Trace | None = None,
-             log: EventLog | None = None, noise: Callable[[], float] | None = None,
-             copy_noise: Callable[[], float] | None = None) -> EventLog:
+             log: EventLog | None = None, noise: Callable[[], float] | None = None) -> EventLog:
     """Replay `trace` under `policy`; return the event log. Deterministic: no randomness inside
     but `noise`'s.
 
@@ -30,9 +29,8 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
     stretches (`sim.steady`), for checking that it changes nothing. `warmup`: a trace the same
     process served first (a confirm run's warm-up), whose KV arrays the allocator then reuses.
     `log`: where the run is logged (`sim.scored_log.ScoredLog` scores a long run in bounded memory).
-    `noise`: a factor for every call's time (`sim.noise.CallNoise.sampler`), and `copy_noise`
-    for a sync's where given (`copies_sampler`); it turns the steady stretches off, since every
-    call then takes its own time.
+    `noise`: a factor for every call's time (`sim.noise.CallNoise.sampler`); it turns the steady
+    stretches off, since every call then takes its own time.
     The cost model's memory model, if its profile has one, predicts the run's peak memory
     (`sim.memory`, the log's `peak_memory`).
     """
@@ -42,7 +40,7 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
     limit = kv_limit_of(policy, getattr(cost, "kv_bytes", None), getattr(cost, "kv_capacity", None))
     state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0, log,
                         getattr(cost, "memory", None), limit)
-    _serve(state, policy, cost, steady and noise is None, noise, copy_noise)
+    _serve(state, policy, cost, steady and noise is None, noise)
     return state.log
 
 
@@ -60,7 +58,7 @@ def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> int:
 
 
 def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
-           noise: Callable[[], float] | None = None, copy_noise: Callable[[], float] | None = None) -> None:
+           noise: Callable[[], float] | None = None) -> None:
     """The engine process over `state`'s trace, run to the end."""
     env = simpy.Environment()
     host = cost.overhead(engine_of(policy)) if hasattr(cost, "overhead") else cost.iteration
@@ -92,7 +90,7 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
                     sync, seconds = call_costs(cost, state, item)
                     if noise is not None:
                         f = noise()
-                        sync, seconds = sync * (copy_noise() if copy_noise and sync else f), seconds * f
+                        sync, seconds = sync * f, seconds * f
                     start, synced, end = t + overhead, t + (overhead + sync), t + (overhead + (sync + seconds))
                     state.apply(item, start, end, synced)
                     t, overhead = end, 0.0

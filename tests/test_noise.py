@@ -7,7 +7,7 @@ import pytest
 import policies
 from sim.costmodel import BUILTIN, ProfileError, cost_model, load_profile
 from sim.metrics import score
-from sim.noise import MIN_CALLS, MIN_COPIES, POINTS, CallNoise, measure, measure_copies
+from sim.noise import MIN_CALLS, POINTS, CallNoise, measure
 from sim.predict import predict
 from sim.profile_schema import check_profile
 from sim.replay import simulate
@@ -99,38 +99,12 @@ def test_prediction_is_the_median_over_replays():
     assert math.isnan(got["request_goodput"])  # no target: no replay has it
 
 
-def test_syncs_draw_from_the_measured_scatter_of_kv_copies():
-    """A sync's time takes a factor from the copies' own distribution, steps from the grid's; a
-    profile without it shares the step's factor with the sync before it, as before; too few syncs
-    measure nothing."""
-    cost, policy = cost_model(load_profile(BUILTIN)), lambda: policies.make("eager", batch_size=3)
-    t0 = Trace([Request(r.id, 0.0, r.prompt_len, r.output_len + 3 * int(r.id)) for r in trace().requests])
-    one = simulate(t0, policy(), cost, steady=False)
-    assert any(c.kind == "sync" and c.end > c.start for c in one.calls)  # joins and leaves that copy rows
-    both_noise = CallNoise((1.0, 1.0), 1, CallNoise((3.0, 3.0), 1))
-    both = simulate(t0, policy(), cost, noise=both_noise.sampler(0), copy_noise=both_noise.copies_sampler(0))
-    shared_noise = CallNoise((2.0, 2.0), 1)
-    assert shared_noise.copies_sampler(0) is None
-    shared = simulate(t0, policy(), cost, noise=shared_noise.sampler(0), copy_noise=shared_noise.copies_sampler(0))
-    for a, b, c in zip(one.calls, both.calls, shared.calls):
-        assert b.end - b.start == pytest.approx((3.0 if a.kind == "sync" else 1.0) * (a.end - a.start))
-        assert c.end - c.start == pytest.approx(2.0 * (a.end - a.start))
-    assert measure_copies([1.0] * (MIN_COPIES - 1)) is None
-    spread = measure_copies([0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.2, 4.0])
-    assert spread.calls == 8 and spread.at(0) == 0.5 and spread.at(0.5) == 1.0 and spread.at(1) == 4.0
-    noise = CallNoise((1.0, 1.0), 100, spread)
-    assert CallNoise.from_json(json.loads(json.dumps(noise.to_json()))) == noise
-
-
 @pytest.mark.parametrize("noise, says", [
     ({"quantiles": [1.0], "calls": 5}, "at least two"),
     ({"quantiles": [1.2, 1.0], "calls": 5}, "not decreasing"),
     ({"quantiles": [1.0, float("nan")], "calls": 5}, "finite"),
     ({"quantiles": "x", "calls": 5}, "list of numbers"),
     ({"quantiles": [1.0, 1.1], "calls": 0}, "fit.noise.calls"),
-    ({"quantiles": [1.0, 1.1], "calls": 5, "copies": {"quantiles": [2.0, 1.0], "calls": 9}},
-     "fit.noise.copies.quantiles"),
-    ({"quantiles": [1.0, 1.1], "calls": 5, "copies": []}, "fit.noise.copies"),
 ])
 def test_a_damaged_noise_section_is_named(noise, says):
     prof = json.loads(BUILTIN.read_text())

@@ -154,10 +154,6 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
               f"over {noise.calls} timings" + ("; a p95 above 1.3: something else ran in most rounds, and tails will "
                                                "be predicted high; calibrate again on a quiet machine"
                                                if noise.at(0.95) > NOISY else ""))
-        if noise.copies is not None:
-            print(f"  KV copy noise (a sync call of the engine runs over its price; drawn for syncs): "
-                  f"p10 {noise.copies.at(0.1):.2f}, p50 {noise.copies.at(0.5):.2f}, p90 {noise.copies.at(0.9):.2f}, "
-                  f"max {noise.copies.at(1):.2f} over {noise.copies.calls} syncs")
     c = prof["cost"]
     if "mlx_lm" in c:
         report_mlx_lm(c["mlx_lm"])
@@ -174,8 +170,7 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
         slopes += f"; a single decode {d['lone'] * 1e6:.2f} us per token"
     print(f"  decode attention: {slopes}")
     if pf.get("tile"):
-        print(f"  prefill: rows beyond a multiple of {pf['tile']} cost "
-              f"{remainder_text(pf['remainder'], pf.get('remainder_above', 0))}")
+        print(f"  prefill: rows beyond a multiple of {pf['tile']} cost {remainder_text(pf['remainder'])}")
     per = lambda abc: f"{abc[0] * 1e3:.1f} ms" + (f" + {abc[1] * 1e3:.1f} ms/row + {abc[2] * 1e6:.1f} us/row-token"
                                                   if abc[1] or abc[2] else "")
     print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms; KV buffer written {c.get('copy', 0) * 1e6:.1f} us "
@@ -189,12 +184,10 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
     print(f"wrote {prof['_path']}")
 
 
-def remainder_text(rem: list[float], above: int = 0) -> str:
-    """A tile's remainder prices, as `report` prints them (older profiles have two), and which
-    calls pay them."""
+def remainder_text(rem: list[float]) -> str:
+    """A tile's remainder prices, as `report` prints them (older profiles have two)."""
     text = f"{rem[0] * 1e3:.1f} ms + {rem[1] * 1e3:.2f} ms per row"
-    text += f" + {rem[2] * 1e6:.1f} us per row of the call" if len(rem) > 2 else ""
-    return text + (f" (calls of up to {above} rows pay none)" if above else "")
+    return text + (f" + {rem[2] * 1e6:.1f} us per row of the call" if len(rem) > 2 else "")
 
 
 def report_memory(m: dict | None) -> None:
@@ -225,7 +218,7 @@ def report_mlx_lm(m: dict) -> None:
           f"(position + chunk)")
     if pr.get("tile"):
         print(f"  mlx-lm prompt call: rows x chunk beyond a multiple of {pr['tile']} cost "
-              f"{remainder_text(pr['remainder'], pr.get('remainder_above', 0))}")
+              f"{remainder_text(pr['remainder'])}")
     print(f"  mlx-lm KV buffer written {m['copy'] * 1e6:.1f} us per token-row (fresh: {m['fresh'] * 1e6:.1f} us "
           f"more); host work between next() calls {m['iteration'] * 1e3:.2f} ms")
 
