@@ -91,6 +91,7 @@ class Copies:
     leave: float = 0.0
     gather: float | None = None  # None: a gather costs `copy` (fits without sync samples)
     fresh_step: float | None = None  # per fresh row of a step's own growth (None: `fresh`)
+    grow: float | None = None  # per row a decode's own growth writes (None: `copy`)
 
     def of(self, s: dict) -> float:
         return (_kv(self, s)
@@ -116,10 +117,10 @@ class Form:
         if self.step == "prefill":
             return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve, prefill_tile=self.tile,
                                    prefill_rem=tuple(self.rem), copy=k.copy, fresh=k.fresh, gather=k.gather,
-                                   fresh_step=k.fresh_step)
+                                   fresh_step=k.fresh_step, grow=k.grow)
         return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot,
                                decode_lone=self.lone, copy=k.copy, fresh=k.fresh, gather=k.gather,
-                               fresh_step=k.fresh_step, join=(k.join, 0.0, 0.0),
+                               fresh_step=k.fresh_step, grow=k.grow, join=(k.join, 0.0, 0.0),
                                leave=(k.leave, 0.0, 0.0))
 
 
@@ -204,6 +205,20 @@ def fit_fresh_step(samples: list[dict], forms: dict[str, Form]) -> float | None:
         return None
     models = {step: form.model() for step, form in forms.items()}
     beyond = [(s["seconds"] - _predict(models[s["step"]], s["step"], [dict(s, fresh=0)])[0]) / s["fresh"]
+              for s in samples]
+    return max(0.0, float(statistics.median(beyond)))
+
+
+def fit_grow(samples: list[dict], forms: dict[str, Form]) -> float | None:
+    """Per token-row a decode's own buffer growth writes, in memory used before: the median over
+    such decodes of their time beyond their price without copies, per row (None without any).
+    The step pays it inside its graph, layer by layer, and it cost about twice a sync's row here:
+    a median 91-118 us over three rounds' calibrations and confirm runs, where the syncs priced
+    44-57 (stop 30)."""
+    if not samples:
+        return None
+    model = forms["decode"].model()
+    beyond = [(s["seconds"] - _predict(model, "decode", [dict(s, written=0, fresh=0)])[0]) / s["written"]
               for s in samples]
     return max(0.0, float(statistics.median(beyond)))
 
@@ -321,9 +336,12 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     by_step = {st: [s for s in samples if s["step"] == st] for st in ("sync", "decode", "prefill")}
     if not by_step["sync"]:
         del by_step["sync"]
-    # steps whose own growth met fresh memory price it apart (`fit_fresh_step`), not in their form
+    # steps whose own growth met fresh memory, and decodes whose own growth met none, price their
+    # rows apart (`fit_fresh_step`, `fit_grow`), not in their form
     growth = [s for s in samples if "sync" in by_step and s.get("fresh") and _step_growth(s)]
-    grown = {id(s) for s in growth}
+    warm = [s for s in samples if "sync" in by_step and s["step"] == "decode" and s.get("written")
+            and not s.get("fresh") and _step_growth(s)]
+    grown = {id(s) for s in growth + warm}
     for st in ("decode", "prefill"):
         by_step[st] = [s for s in by_step[st] if id(s) not in grown]
     forms, errors, uses, copies = {}, {}, {}, None
@@ -350,8 +368,11 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
                                  "use": uses[step], **({"tile": tile} if step == "prefill" else {})})
         forms[step] = fit_form(step, pts, tile, copies)  # the final fit uses every point
         copies = forms[step].copies
-    fresh_step = fit_fresh_step(growth, forms)
-    for s in growth:
+    grow = fit_grow(warm, forms)
+    for step in ("decode", "prefill"):
+        forms[step] = replace(forms[step], copies=replace(forms[step].copies, grow=grow))
+    fresh_step = fit_fresh_step(growth, forms)  # beyond the rows' price at `grow`
+    for s in growth + warm:
         s["held_out"] = False  # fitted on their own, never held out
     for step in ("decode", "prefill"):
         forms[step] = replace(forms[step], copies=replace(forms[step].copies, fresh_step=fresh_step))
@@ -371,13 +392,14 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         "fresh": copies.fresh,
         **({"gather": copies.gather} if copies.gather is not None else {}),
         **({"fresh_step": fresh_step} if fresh_step is not None else {}),
+        **({"grow": grow} if grow is not None else {}),
         # syncs in which requests join or leave the batch cache, besides their copies (profiles before
         # `copy` timed these as steps of their own: a + b*batch + c*batch*max(context))
         "join": fit_copy([s for s in samples if s["step"] == "join"]) or [copies.join, 0.0, 0.0],
         "leave": fit_copy([s for s in samples if s["step"] == "leave"]) or [copies.leave, 0.0, 0.0],
     }
     for step, pts in by_step.items():
-        pts = pts + [s for s in growth if s["step"] == step]
+        pts = pts + [s for s in growth + warm if s["step"] == step]
         for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
             p["fitted"] = float(f)
     fit = {"errors": errors, "target": TARGET, "uses": cost["use"], "speed_by_round": speed_by_round(samples)}

@@ -36,9 +36,9 @@ PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or
                 "plus r0 + r1*(L mod tile) + r2*L when L is not a multiple of the tile; plus copy*written")
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
                "a single decode (own cache): dense(1) + lone*context; dense(batch) = a + b*batch or the measured "
-               "curve; plus copy*written (gather*written in a sync where requests only leave) and fresh*fresh rows "
-               "(fresh_step*fresh in a step's own growth), and join (leave) when requests join (leave) the batch "
-               "cache")
+               "curve; plus copy*written (gather*written in a sync where requests only leave, grow*written in a "
+               "decode's own growth) and fresh*fresh rows (fresh_step*fresh in a step's own growth), and join "
+               "(leave) when requests join (leave) the batch cache")
 MLX_PROMPT_FORM = ("dense(rows*L) + c*rows*L*(idx + L) + d*rows*idx, L the longest chunk, idx the batch "
                    "cache's write position (every row attends the whole padded buffer), plus r0 + r1*(rows*L mod "
                    "tile) + r2*rows*L when rows*L is not a multiple of the tile; plus copy*written")
@@ -58,6 +58,7 @@ class CostModel(Protocol):
     fresh: float  # and more per such row in an array larger than any before it (fresh memory)
     gather: float | None  # per token-row instead of `copy` in a sync where requests only leave (None: `copy`)
     fresh_step: float | None  # instead of `fresh` where a prefill or decode grows a buffer (None: `fresh`)
+    grow: float | None  # instead of `copy` per token-row a decode's own growth writes (None: `copy`)
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 
@@ -101,18 +102,22 @@ def is_step_growth(kind: str, joined: int, left: int) -> bool:
     return kind in ("prefill", "decode") and not joined and not left
 
 
-def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, step: bool = False) -> float:
-    """Seconds a call spends writing KV buffers: per token-row written (a leave's gather at its
-    own price, where the profile has one), and more per fresh one (a step's growth at its own
-    price, where the profile has one)."""
+def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, step: bool = False,
+              grow: bool = False) -> float:
+    """Seconds a call spends writing KV buffers: per token-row written (a leave's gather, or a
+    decode's own growth: `grow`, each at its own price where the profile has one), and more per
+    fresh one (a step's growth at its own price, where the profile has one)."""
     per_row = cost.gather if gather and cost.gather is not None else cost.copy
+    if grow and cost.grow is not None:
+        per_row = cost.grow
     per_fresh = cost.fresh_step if step and cost.fresh_step is not None else cost.fresh
     return per_row * written + per_fresh * fresh
 
 
 def call_copies(cost: CostModel, kind: str, joined: int, left: int, written: int, fresh: int) -> float:
     """`kv_copies` of a call of this kind and batch change (a gather, a step's own growth, or neither)."""
-    return kv_copies(cost, written, fresh, is_gather(kind, joined, left), is_step_growth(kind, joined, left))
+    step = is_step_growth(kind, joined, left)
+    return kv_copies(cost, written, fresh, is_gather(kind, joined, left), step, step and kind == "decode")
 
 
 def remainder_cost(rows: int, tile: int, rem: tuple[float, ...]) -> float:
@@ -205,6 +210,7 @@ class LinearCostModel:
     fresh: float = 0.0  # more per token-row of it in arrays larger than any before (fresh pages)
     gather: float | None = None  # per token-row written by a sync where requests only leave (None: `copy`)
     fresh_step: float | None = None  # per fresh token-row of a prefill's or decode's growth (None: `fresh`)
+    grow: float | None = None  # per token-row a decode's own growth writes (None: `copy`)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the chunk]
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
@@ -347,6 +353,10 @@ class GridCostModel:
     def fresh_step(self) -> float | None:
         return self.linear.fresh_step
 
+    @property
+    def grow(self) -> float | None:
+        return self.linear.grow
+
     def decode(self, contexts: Sequence[int], single: bool = False) -> float:
         if single or not self.grid_decode:
             return self.linear.decode(contexts, single)
@@ -424,6 +434,7 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
                           gather=None if c.get("gather") is None else float(c["gather"]),
                           fresh_step=None if c.get("fresh_step") is None else float(c["fresh_step"]),
+                          grow=None if c.get("grow") is None else float(c["grow"]),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
                           prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
                           kv_bytes=kv_bytes, kv_capacity=capacity)

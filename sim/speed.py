@@ -63,6 +63,10 @@ class AtSpeed:
     def fresh_step(self) -> float | None:
         return _at(self.cost.fresh_step, self.speed.decode)
 
+    @property
+    def grow(self) -> float | None:
+        return _at(self.cost.grow, self.speed.decode)
+
     def prefill(self, chunk: int, prefix: int) -> float:
         return self.cost.prefill(chunk, prefix) / self.speed.prefill
 

@@ -154,30 +154,37 @@ def test_a_fresh_row_costs_what_the_typical_fresh_join_paid_and_warm_rows_set_th
     assert k.fresh == pytest.approx(4e-4, rel=1e-3)  # the median join's, not what the two large cheap ones pull it to
 
 
-def test_a_steps_own_growth_in_fresh_memory_has_its_own_price():
-    """Decodes whose buffer growth met fresh memory are priced at `fresh_step`, fitted on those
-    decodes alone; syncs keep `fresh`. Without such decodes a profile has no `fresh_step`."""
+def test_a_steps_own_growth_has_its_own_prices():
+    """A decode's own growth writes its rows at `grow`, fitted on the growths that met no fresh
+    memory, and its fresh rows cost `fresh_step` more, fitted on those that did; syncs and
+    prefills keep `copy` and `fresh`. Without such decodes a profile has neither price."""
     truth = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6), prefill_dense=TRUTH.prefill_dense,
-                            decode_dense=TRUTH.decode_dense, copy=2e-5, fresh=3e-4, fresh_step=5e-5)
-    pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 0} for L in (8, 16, 32, 64, 128) for P in (0, 300)]
+                            decode_dense=TRUTH.decode_dense, copy=2e-5, fresh=3e-4, fresh_step=5e-5, grow=9e-5)
+    pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 256 * (P == 0)}
+           for L in (8, 16, 32, 64, 128) for P in (0, 300)]
     dec = [{"step": "decode", "batch": B, "context_max": M, "written": 0} for B in (1, 2, 4) for M in (64, 300, 900)]
     grows = [{"step": "decode", "batch": 1, "context_max": M, "written": M + 256, "fresh": M + 256, "source": "engine:f"}
              for M in (100, 180, 250)]
+    warm = [{"step": "decode", "batch": B, "context_max": M, "written": B * (M + 256), "fresh": 0, "source": "engine:w"}
+            for B, M in ((1, 49), (2, 88), (1, 232))]
     syncs = [{"step": "sync", "batch": B, "context_max": 300, "written": w, "fresh": f, "joined": 1, "left": 0}
              for B, w, f in ((2, 1200, 600), (3, 1800, 0), (4, 2400, 1200), (3, 900, 0), (2, 600, 0))]
     for x in pre:
-        x["seconds"] = truth.prefill(x["chunk"], x["prefix"])
-    for x in dec + grows:
+        x["seconds"] = truth.prefill(x["chunk"], x["prefix"]) + kv_copies(truth, x["written"], 0, step=True)
+    for x in dec + grows + warm:
         x["seconds"] = truth.decode([x["context_max"]] * x["batch"]) + kv_copies(truth, x["written"], x.get("fresh", 0),
-                                                                                 step=True)
+                                                                                 step=True, grow=True)
     for x in syncs:
         x["seconds"] = kv_copies(truth, x["written"], x["fresh"])
-    cost = fit_profile(pre + dec + grows + syncs)["cost"]
+    cost = fit_profile(pre + dec + grows + warm + syncs)["cost"]
+    assert cost["grow"] == pytest.approx(9e-5, rel=0.05) and cost["copy"] == pytest.approx(2e-5, rel=0.05)
     assert cost["fresh_step"] == pytest.approx(5e-5, rel=0.05) and cost["fresh"] == pytest.approx(3e-4, rel=0.05)
     model = cost_model({"cost": cost})
     assert price(model, "decode", 1, 0, [100], True, 0, 0, 356, 356) == pytest.approx(grows[0]["seconds"], rel=0.02)
+    assert price(model, "decode", 2, 0, [88, 88], True, 0, 0, 688, 0) == pytest.approx(warm[1]["seconds"], rel=0.02)
+    assert price(model, "prefill", 64, 0, [64], True, 0, 0, 256, 0) == pytest.approx(pre[6]["seconds"], rel=0.02)
     assert price(model, "sync", 2, 0, [300, 300], True, 1, 0, 1200, 600) == pytest.approx(syncs[0]["seconds"], rel=0.02)
-    assert "fresh_step" not in fit_profile(pre + dec + syncs)["cost"]
+    assert not {"fresh_step", "grow"} & set(fit_profile(pre + dec + syncs)["cost"])
 
 
 def test_an_engine_runs_one_off_call_sets_no_knot_of_the_curve():

@@ -176,6 +176,7 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
     print(f"  iteration overhead {c['iteration'] * 1e3:.2f} ms; KV buffer written {c.get('copy', 0) * 1e6:.1f} us "
           f"per token-row (fresh: {c.get('fresh', 0) * 1e6:.1f} us more"
           + (f", {c['fresh_step'] * 1e6:.1f} us in a step's own growth" if c.get("fresh_step") is not None else "")
+          + (f"; a decode's own growth {c['grow'] * 1e6:.1f} us a row" if c.get("grow") is not None else "")
           + (f"; a leave's gather {c['gather'] * 1e6:.1f} us" if c.get("gather") is not None else "")
           + f"); batch join {per(c['join'])}; leave {per(c['leave'])}")
     if "replay" in prof["fit"]:
