@@ -201,12 +201,7 @@ def fit_fresh_step(samples: list[dict], forms: dict[str, Form]) -> float | None:
     """Per fresh token-row of a prefill's or decode's own growth: the median over such steps of
     their time beyond their price without fresh memory, per fresh row (None without any). A
     join's fresh rows cost 4-5x as much here, so one price for both over-priced every growth."""
-    if not samples:
-        return None
-    models = {step: form.model() for step, form in forms.items()}
-    beyond = [(s["seconds"] - _predict(models[s["step"]], s["step"], [dict(s, fresh=0)])[0]) / s["fresh"]
-              for s in samples]
-    return max(0.0, float(statistics.median(beyond)))
+    return _median_beyond(samples, forms, "fresh", ("fresh",))
 
 
 def fit_grow(samples: list[dict], forms: dict[str, Form]) -> float | None:
@@ -215,12 +210,25 @@ def fit_grow(samples: list[dict], forms: dict[str, Form]) -> float | None:
     The step pays it inside its graph, layer by layer, and it cost about twice a sync's row here:
     a median 91-118 us over three rounds' calibrations and confirm runs, where the syncs priced
     44-57 (stop 30)."""
+    return _median_beyond(samples, forms, "written", ("written", "fresh"))
+
+
+def _median_beyond(samples: list[dict], forms: dict[str, Form], per: str, unpriced: tuple[str, ...]) -> float | None:
+    """The median over samples of their time beyond their price with the `unpriced` fields at 0,
+    per unit of `per` (>= 0; None without samples): a price that scatters 2-5x from call to call,
+    so the typical call's, not a fit's."""
     if not samples:
         return None
-    model = forms["decode"].model()
-    beyond = [(s["seconds"] - _predict(model, "decode", [dict(s, written=0, fresh=0)])[0]) / s["written"]
-              for s in samples]
+    models = {step: form.model() for step, form in forms.items()}
+    beyond = [(s["seconds"] - _predict(models[s["step"]], s["step"], [dict(s, **dict.fromkeys(unpriced, 0))])[0])
+              / s[per] for s in samples]
     return max(0.0, float(statistics.median(beyond)))
+
+
+def _priced(forms: dict[str, Form], **prices) -> dict[str, Form]:
+    """The forms with these copy prices set in the decode's and prefill's `Copies`."""
+    return {step: replace(f, copies=replace(f.copies, **prices)) if step in ("decode", "prefill") else f
+            for step, f in forms.items()}
 
 
 def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Copies | None = None) -> Form:
@@ -369,13 +377,11 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         forms[step] = fit_form(step, pts, tile, copies)  # the final fit uses every point
         copies = forms[step].copies
     grow = fit_grow(warm, forms)
-    for step in ("decode", "prefill"):
-        forms[step] = replace(forms[step], copies=replace(forms[step].copies, grow=grow))
+    forms = _priced(forms, grow=grow)
     fresh_step = fit_fresh_step(growth, forms)  # beyond the rows' price at `grow`
+    forms = _priced(forms, fresh_step=fresh_step)
     for s in growth + warm:
         s["held_out"] = False  # fitted on their own, never held out
-    for step in ("decode", "prefill"):
-        forms[step] = replace(forms[step], copies=replace(forms[step].copies, fresh_step=fresh_step))
     med = lambda st: statistics.median([s["seconds"] for s in samples if s["step"] == st] or [0.0])
     pf, dc = forms["prefill"], forms["decode"]
     cost = {
