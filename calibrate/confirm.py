@@ -161,8 +161,9 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
 
     Where the runs carry speed probes (`calibrate.speed_probe`), the prediction is made at the
     machine's speed around them (prefill and decode apart, each the median over runs,
-    `sim.speed`; `probed_speed`), and the one at the calibration's speed is kept beside it
-    (`at_calibration_speed`): how much of a miss the machine's drift made."""
+    `probed_speed`), moved part of the way (`sim.speed.PROBE_WEIGHT`: `predicted_at`), and the
+    one at the calibration's speed is kept beside it (`at_calibration_speed`): how much of a miss
+    the machine's drift made."""
     cost, noise = cost_model(prof), CallNoise.from_json(prof.get("fit", {}).get("noise"))
     reference, results = reference_probes(prof), []
     for s in settings:
@@ -172,8 +173,9 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         mine = [r for r in runs if r["label"] == label]
         probes = [probed_speed(r, cost, reference) for r in mine]
         known = [p for p in probes if p]
-        speed = MachineSpeed(statistics.median(p["prefill"] for p in known),
-                             statistics.median(p["decode"] for p in known)) if known else MachineSpeed()
+        probed = MachineSpeed(statistics.median(p["prefill"] for p in known),
+                              statistics.median(p["decode"] for p in known)) if known else MachineSpeed()
+        speed = probed.partway()
         predictions, noisy = replays(trace, policy, cost, noise, replicas, warm, speed)  # made once, read twice
         predicted, spread = metrics_of(predictions, noisy, stall_ms)
         at_calibration = metrics_of(*replays(trace, policy, cost, noise, replicas, warm), stall_ms)[0] \
@@ -195,7 +197,8 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         results.append({"label": label, "setting": s, "predicted": {k: predicted[k] for k in measured},
                         "predicted_range": {k: list(spread[k]) for k in measured if k in spread},
                         "measured": measured, "rel_error": errors,
-                        "machine_speed": {"median": speed.to_json() if known else None,
+                        "machine_speed": {"median": probed.to_json() if known else None,
+                                          "predicted_at": speed.to_json() if known else None,
                                           "runs": [dict(p or {}, repeat=r["repeat"]) for r, p in zip(mine, probes)]},
                         "at_calibration_speed": {"predicted": {k: at_calibration[k] for k in errors_at_calibration},
                                                  "rel_error": errors_at_calibration},

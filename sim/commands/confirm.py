@@ -91,7 +91,9 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                 else "priced by the profile"
             print(f"machine speed against the calibration, prefill/decode (speed probes before and after each run, "
                   f"{how}): " + " ".join(f"r{p['repeat']} {p['prefill']:.2f}/{p['decode']:.2f}" for p in runs)
-                  + f"; predicted at {speed['prefill']:.2f}/{speed['decode']:.2f}"
+                  + f"; probes' median {speed['prefill']:.2f}/{speed['decode']:.2f}"
+                  + (f", predicted at {at['prefill']:.2f}/{at['decode']:.2f} (partway: sim.speed.PROBE_WEIGHT)"
+                     if (at := res["machine_speed"].get("predicted_at")) else "")
                   + ("; timed against the calibration's probes: " + " ".join(
                       f"r{p['repeat']} {p['timed']['prefill']:.2f}/{p['timed']['decode']:.2f}" for p in timed)
                      if timed else ""))
