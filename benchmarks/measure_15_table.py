@@ -17,7 +17,7 @@ def reports(first: str, second: str) -> dict[str, str]:
 
 
 def main(out: Path, first: str = "A", second: str = "B") -> None:
-    print("| runs | setting | speed, prefill / decode | six aggregates: probed / calibration's | "
+    print("| runs | setting | probes' speed, prefill / decode (predicted at) | six aggregates: probed / calibration's | "
           + " | ".join(TAILS) + " |")
     print("|---|---|---|---:|" + "---:|" * len(TAILS))
     for name, rel in reports(first, second).items():
@@ -30,7 +30,9 @@ def main(out: Path, first: str = "A", second: str = "B") -> None:
             sp = r["machine_speed"]["median"] or 1.0
             sp = sp if isinstance(sp, dict) else {"prefill": sp, "decode": sp}  # reports of one speed for all calls
             tails = " | ".join(f"{r['rel_error'][k]:+.0%} ({calib[k]:+.0%})" for k in TAILS)
-            print(f"| {name} | {r['label']} | {sp['prefill']:.2f} / {sp['decode']:.2f} | "
+            at = r["machine_speed"].get("predicted_at")  # since stop 31: partway to the probes' speed
+            at = f" ({at['prefill']:.2f} / {at['decode']:.2f})" if at else ""
+            print(f"| {name} | {r['label']} | {sp['prefill']:.2f} / {sp['decode']:.2f}{at} | "
                   f"{med(r['rel_error']):.1%} / {med(calib):.1%} | {tails} |")
 
 

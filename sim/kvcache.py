@@ -17,7 +17,8 @@ caches, call by call.
 Memory the process has not used before costs more: the kernel maps and zeroes every fresh page
 (a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). An allocator reuses
 freed blocks up to the size it has seen freed (glibc's malloc raises its mmap threshold to the
-largest freed block; MLX's buffer caches likewise serve what they hold), so an array larger than
+largest freed block; MLX's CPU buffer cache keeps only 32 MB of freed buffers by default, each
+served again only to an array of nearly its size), so an array larger than
 any before is fresh memory and a smaller one mostly reuses: `fresh` counts the token-rows of the
 arrays a call allocates that are larger than every array before them in the run.
 
