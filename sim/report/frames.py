@@ -181,7 +181,8 @@ def confirm_frame(doc: dict, metrics: list[str] | None = None) -> pd.DataFrame:
                 rel = (pred - meas["median"]) / abs(meas["median"])
             # reports since speed probes: the error of the prediction at the calibration's speed, and the probed speed
             drift = (r.get("at_calibration_speed") or {}).get("rel_error", {}).get(m)
-            speed = (r.get("machine_speed") or {}).get("predicted_at") or (r.get("machine_speed") or {}).get("median")
+            ms = r.get("machine_speed") or {}
+            speed = ms.get("predicted_at") or ms.get("median")  # since stop 31 the one predicted at
             rows.append({"label": r["label"], "metric": m, "predicted": float(pred), "measured": float(meas["median"]),
                          "min": float(meas.get("min", meas["median"])), "max": float(meas.get("max", meas["median"])),
                          "rel_error": None if rel is None else float(rel),
