@@ -92,6 +92,7 @@ class Copies:
     gather: float | None = None  # None: a gather costs `copy` (fits without sync samples)
     fresh_step: float | None = None  # per fresh row of a step's own growth (None: `fresh`)
     grow: float | None = None  # per row a decode's own growth writes (None: `copy`)
+    grow_single: float | None = None  # per row a single decode's own growth writes (None: `grow`)
 
     def of(self, s: dict) -> float:
         return (_kv(self, s)
@@ -117,10 +118,11 @@ class Form:
         if self.step == "prefill":
             return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve, prefill_tile=self.tile,
                                    prefill_rem=tuple(self.rem), copy=k.copy, fresh=k.fresh, gather=k.gather,
-                                   fresh_step=k.fresh_step, grow=k.grow)
+                                   fresh_step=k.fresh_step, grow=k.grow, grow_single=k.grow_single)
         return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot,
                                decode_lone=self.lone, copy=k.copy, fresh=k.fresh, gather=k.gather,
-                               fresh_step=k.fresh_step, grow=k.grow, join=(k.join, 0.0, 0.0),
+                               fresh_step=k.fresh_step, grow=k.grow, grow_single=k.grow_single,
+                               join=(k.join, 0.0, 0.0),
                                leave=(k.leave, 0.0, 0.0))
 
 
@@ -132,9 +134,14 @@ def _step_growth(s: dict) -> bool:
     return is_step_growth(s["step"], s.get("joined", 0), s.get("left", 0))
 
 
+def _single_growth(s: dict) -> bool:
+    return s["step"] == "decode" and bool(s.get("written")) and _single(s) and _step_growth(s)
+
+
 def _kv(prices, s: dict) -> float:
     """A sample's KV copies at `prices` (a cost model or `Copies`)."""
-    return call_copies(prices, s["step"], s.get("joined", 0), s.get("left", 0), s.get("written", 0), s.get("fresh", 0))
+    return call_copies(prices, s["step"], s.get("joined", 0), s.get("left", 0), s.get("written", 0), s.get("fresh", 0),
+                       _single(s))
 
 
 def _copy_terms(s: dict, gather: bool = False) -> list[float]:
@@ -210,6 +217,14 @@ def fit_grow(samples: list[dict], forms: dict[str, Form]) -> float | None:
     The step pays it inside its graph, layer by layer, and it cost about twice a sync's row here:
     a median 91-118 us over three rounds' calibrations and confirm runs, where the syncs priced
     44-57 (stop 30)."""
+    return _median_beyond(samples, forms, "written", ("written", "fresh"))
+
+
+def fit_grow_single(samples: list[dict], forms: dict[str, Form]) -> float | None:
+    """Per token-row a single decode's own growth writes (a request's own cache, fresh memory or
+    not): the median over such decodes of their time beyond their price without copies, per row
+    (None without any). meTile's runs paid 100-980 us a row, a median of about 450, where the
+    batch cache's growths that priced `grow` paid 50-300 (README, stop 32)."""
     return _median_beyond(samples, forms, "written", ("written", "fresh"))
 
 
@@ -344,12 +359,14 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     by_step = {st: [s for s in samples if s["step"] == st] for st in ("sync", "decode", "prefill")}
     if not by_step["sync"]:
         del by_step["sync"]
-    # steps whose own growth met fresh memory, and decodes whose own growth met none, price their
-    # rows apart (`fit_fresh_step`, `fit_grow`), not in their form
-    growth = [s for s in samples if "sync" in by_step and s.get("fresh") and _step_growth(s)]
+    # steps whose own growth met fresh memory, decodes whose own growth met none, and single
+    # decodes whose own cache grew price their rows apart (`fit_fresh_step`, `fit_grow`,
+    # `fit_grow_single`), not in their form
+    alone = [s for s in samples if "sync" in by_step and _single_growth(s)]
+    growth = [s for s in samples if "sync" in by_step and s.get("fresh") and _step_growth(s) and not _single_growth(s)]
     warm = [s for s in samples if "sync" in by_step and s["step"] == "decode" and s.get("written")
-            and not s.get("fresh") and _step_growth(s)]
-    grown = {id(s) for s in growth + warm}
+            and not s.get("fresh") and _step_growth(s) and not _single_growth(s)]
+    grown = {id(s) for s in growth + warm + alone}
     for st in ("decode", "prefill"):
         by_step[st] = [s for s in by_step[st] if id(s) not in grown]
     forms, errors, uses, copies = {}, {}, {}, None
@@ -380,7 +397,9 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     forms = _priced(forms, grow=grow)
     fresh_step = fit_fresh_step(growth, forms)  # beyond the rows' price at `grow`
     forms = _priced(forms, fresh_step=fresh_step)
-    for s in growth + warm:
+    grow_single = fit_grow_single(alone, forms)
+    forms = _priced(forms, grow_single=grow_single)
+    for s in growth + warm + alone:
         s["held_out"] = False  # fitted on their own, never held out
     med = lambda st: statistics.median([s["seconds"] for s in samples if s["step"] == st] or [0.0])
     pf, dc = forms["prefill"], forms["decode"]
@@ -399,13 +418,14 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         **({"gather": copies.gather} if copies.gather is not None else {}),
         **({"fresh_step": fresh_step} if fresh_step is not None else {}),
         **({"grow": grow} if grow is not None else {}),
+        **({"grow_single": grow_single} if grow_single is not None else {}),
         # syncs in which requests join or leave the batch cache, besides their copies (profiles before
         # `copy` timed these as steps of their own: a + b*batch + c*batch*max(context))
         "join": fit_copy([s for s in samples if s["step"] == "join"]) or [copies.join, 0.0, 0.0],
         "leave": fit_copy([s for s in samples if s["step"] == "leave"]) or [copies.leave, 0.0, 0.0],
     }
     for step, pts in by_step.items():
-        pts = pts + [s for s in growth + warm if s["step"] == step]
+        pts = pts + [s for s in growth + warm + alone if s["step"] == step]
         for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
             p["fitted"] = float(f)
     fit = {"errors": errors, "target": TARGET, "uses": cost["use"], "speed_by_round": speed_by_round(samples)}

@@ -125,7 +125,8 @@ class Profiler:
         self.lm, self.grid = lm, grid
         self.master: Cache | None = None
         rng = random.Random(1)
-        self.ids = [rng.randrange(lm.vocab_size) for _ in range(max(grid.chunks + [1]))]
+        longest = max([q["chunk"] for q in grid.points() if q["step"] == "prefill"] + [1])  # odd prompts too
+        self.ids = [rng.randrange(lm.vocab_size) for _ in range(longest)]
 
     def measure(self, point: dict, first_visit: bool) -> dict:
         """One timing of `point`: the point with `seconds` and the shape it ran at."""

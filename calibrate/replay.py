@@ -22,6 +22,7 @@ import policies
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.errors import UserError
 from sim.costmodel import LinearCostModel
+from sim.kvcache import STEP
 from sim.log import Call, EventLog
 from sim.replay import warmed
 from sim.relog import relog
@@ -42,11 +43,14 @@ class Workload:
 def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) -> dict[str, list[Workload]]:
     """`train`: all at t=0, eager at the largest batch (every request joins a batch one larger,
     then they leave one at a time: request i owes n + 1 + i tokens); chunked with an unaligned
-    budget over spread arrivals; and fifo over three prompts of growing length, whose first
-    decodes grow a batch of one into arrays larger than any before (a step's own growth in fresh
-    memory, `fresh_step`: the batched runs' warm-ups leave no step that can); `held_out`: another
-    seed, another budget, half the batch (one run: a calibration must fit in 10 minutes, and the
-    eager one timed the same calls again)."""
+    budget over spread arrivals; fifo over three prompts of growing length, whose first decodes
+    grow a batch of one into arrays larger than any before (a step's own growth in fresh memory,
+    `fresh_step`: the batched runs' warm-ups leave no step that can); and three prompts ending
+    at or just short of a 256-token buffer step decoded one call per request (meTile's loop), each
+    request's own cache growing once, the second while the first's grown cache is held
+    (`grow_single`: meTile's paid 100-980 us a row, where the batch cache's growths cost 50-300); `held_out`: another seed, another
+    budget, half the batch (one run: a calibration must fit in 10 minutes, and the eager one
+    timed the same calls again)."""
     def staggered(n, seed):
         rng = random.Random(seed)
         return fixed([0.0] * n, [rng.randint(9, max_prompt) for _ in range(n)], [n + 1 + i for i in range(n)],
@@ -55,12 +59,15 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
     def spread(n, seed, rate):
         return poisson(num_requests=n, rate=rate, min_in=9, max_in=max_prompt, min_out=2, max_out=outputs, seed=seed)
     half = max(2, max_batch // 2)
+    top = max_prompt // STEP * STEP or max_prompt  # below one step (tiny grids): no growth, same calls
     return {
         "train": [Workload("eager-staggered", staggered(max_batch, 11), {"policy": "eager", "batch_size": max_batch}),
                   Workload("chunked-spread", spread(max_batch, 12, 2.0),
                            {"policy": "chunked", "budget": 48, "batch_size": max_batch}),
                   Workload("fifo-growth", fixed([0.0] * 3, [max(9, max_prompt * k // 3) for k in (1, 2, 3)], [3] * 3,
-                                                13, vocab), {"policy": "fifo"})],
+                                                13, vocab), {"policy": "fifo"}),
+                  Workload("single-growth", fixed([0.0] * 3, [top - j for j in range(3)], [5, 5, 4],
+                                                  14, vocab), {"policy": "eager", "batch_size": 3, "decode": "single"})],
         "held_out": [Workload("chunked-held-out", spread(half + 2, 21, 1.5),
                               {"policy": "chunked", "budget": 40, "batch_size": half})],
     }

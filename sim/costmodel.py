@@ -37,8 +37,9 @@ PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
                "a single decode (own cache): dense(1) + lone*context; dense(batch) = a + b*batch or the measured "
                "curve; plus copy*written (gather*written in a sync where requests only leave, grow*written in a "
-               "decode's own growth) and fresh*fresh rows (fresh_step*fresh in a step's own growth), and join "
-               "(leave) when requests join (leave) the batch cache")
+               "decode's own growth, grow_single*written and no fresh price in a single decode's) and fresh*fresh "
+               "rows (fresh_step*fresh in a step's own growth), and join (leave) when requests join (leave) the "
+               "batch cache")
 MLX_PROMPT_FORM = ("dense(rows*L) + c*rows*L*(idx + L) + d*rows*idx, L the longest chunk, idx the batch "
                    "cache's write position (every row attends the whole padded buffer), plus r0 + r1*(rows*L mod "
                    "tile) + r2*rows*L when rows*L is not a multiple of the tile; plus copy*written")
@@ -59,6 +60,7 @@ class CostModel(Protocol):
     gather: float | None  # per token-row instead of `copy` in a sync where requests only leave (None: `copy`)
     fresh_step: float | None  # instead of `fresh` where a prefill or decode grows a buffer (None: `fresh`)
     grow: float | None  # instead of `copy` per token-row a decode's own growth writes (None: `copy`)
+    grow_single: float | None  # per token-row a single decode's own growth writes, fresh or not (None: `grow`)
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 
@@ -103,10 +105,16 @@ def is_step_growth(kind: str, joined: int, left: int) -> bool:
 
 
 def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, step: bool = False,
-              grow: bool = False) -> float:
+              grow: bool = False, single: bool = False) -> float:
     """Seconds a call spends writing KV buffers: per token-row written (a leave's gather, or a
     decode's own growth: `grow`, each at its own price where the profile has one), and more per
-    fresh one (a step's growth at its own price, where the profile has one)."""
+    fresh one (a step's growth at its own price, where the profile has one). A single decode's own
+    growth (a request's own cache, 256 -> 512 tokens) has one price per row, `grow_single`, where
+    the profile has one: measured on meTile's runs it cost 100-980 us a row, a median of about 450,
+    as much where the array was larger than any before as where it was not (README, stop 32), and
+    the batch cache's growths cost 50-300."""
+    if grow and single and getattr(cost, "grow_single", None) is not None:
+        return cost.grow_single * written
     per_row = cost.gather if gather and cost.gather is not None else cost.copy
     if grow and cost.grow is not None:
         per_row = cost.grow
@@ -114,10 +122,12 @@ def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, s
     return per_row * written + per_fresh * fresh
 
 
-def call_copies(cost: CostModel, kind: str, joined: int, left: int, written: int, fresh: int) -> float:
-    """`kv_copies` of a call of this kind and batch change (a gather, a step's own growth, or neither)."""
+def call_copies(cost: CostModel, kind: str, joined: int, left: int, written: int, fresh: int,
+                single: bool = False) -> float:
+    """`kv_copies` of a call of this kind and batch change (a gather, a step's own growth, or neither);
+    `single`: a decode of one request on its own cache."""
     step = is_step_growth(kind, joined, left)
-    return kv_copies(cost, written, fresh, is_gather(kind, joined, left), step, step and kind == "decode")
+    return kv_copies(cost, written, fresh, is_gather(kind, joined, left), step, step and kind == "decode", single)
 
 
 def remainder_cost(rows: int, tile: int, rem: tuple[float, ...]) -> float:
@@ -211,6 +221,7 @@ class LinearCostModel:
     gather: float | None = None  # per token-row written by a sync where requests only leave (None: `copy`)
     fresh_step: float | None = None  # per fresh token-row of a prefill's or decode's growth (None: `fresh`)
     grow: float | None = None  # per token-row a decode's own growth writes (None: `copy`)
+    grow_single: float | None = None  # per token-row a single decode's own growth writes, fresh or not (None: `grow`)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the chunk]
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
@@ -357,6 +368,10 @@ class GridCostModel:
     def grow(self) -> float | None:
         return self.linear.grow
 
+    @property
+    def grow_single(self) -> float | None:
+        return self.linear.grow_single
+
     def decode(self, contexts: Sequence[int], single: bool = False) -> float:
         if single or not self.grid_decode:
             return self.linear.decode(contexts, single)
@@ -435,6 +450,7 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           gather=None if c.get("gather") is None else float(c["gather"]),
                           fresh_step=None if c.get("fresh_step") is None else float(c["fresh_step"]),
                           grow=None if c.get("grow") is None else float(c["grow"]),
+                          grow_single=None if c.get("grow_single") is None else float(c["grow_single"]),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
                           prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
                           kv_bytes=kv_bytes, kv_capacity=capacity)

@@ -22,7 +22,8 @@ served again only to an array of nearly its size), so an array larger than
 any before is fresh memory and a smaller one mostly reuses: `fresh` counts the token-rows of the
 arrays a call allocates that are larger than every array before them in the run. Sizes are only a
 proxy: how much freed memory malloc still holds decides it, and meTile's 256 -> 512 growths cost
-300-900 us a row whatever came before (README, stop 31).
+300-900 us a row whatever came before (README, stop 31), so a single decode's own growth has one
+price, fresh or not, timed in a calibration run of its own (`grow_single`, stop 32).
 
 mlx-lm's `BatchGenerator` keeps two batch caches, the prompt batch and the generation batch
 (`BatchCache`, with every row's left padding), rebuilt by the same operations plus a roll of the

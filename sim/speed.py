@@ -82,6 +82,10 @@ class AtSpeed:
     def grow(self) -> float | None:
         return _at(self.cost.grow, self.speed.decode)
 
+    @property
+    def grow_single(self) -> float | None:
+        return _at(getattr(self.cost, "grow_single", None), self.speed.decode)
+
     def prefill(self, chunk: int, prefix: int) -> float:
         return self.cost.prefill(chunk, prefix) / self.speed.prefill
 

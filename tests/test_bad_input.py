@@ -76,6 +76,7 @@ def test_unreadable_trace_and_profile(tmp_path, capsys):
     (lambda d: d["cost"].__setitem__("gather", -4e-5), "cost.gather"),
     (lambda d: d["cost"].__setitem__("fresh_step", "fast"), "cost.fresh_step"),
     (lambda d: d["cost"].__setitem__("grow", -1.0), "cost.grow"),
+    (lambda d: d["cost"].__setitem__("grow_single", -4.5e-4), "cost.grow_single"),
     (lambda d: d.__setitem__("grid", {"chunks": [8], "offsets": [0], "batches": [1], "contexts": [10],
                                       "mixed": [], "prompt_max": 0}), "grid.prompt_max"),
     (lambda d: d.__setitem__("engine_runs", [{  # a calibration's speed probes, damaged

@@ -101,7 +101,7 @@ def test_grids_time_unaligned_shapes_and_long_chunks_after_no_prefix_only_when_a
     assert {o for o, _ in quick} == set(QUICK.offsets)
     # whole prompts beyond 256 tokens (an eager policy's prefills) at offset 0 only; the engine runs
     # keep their prompts within prompt_max, so the grid's dearest points are not run again there
-    assert {c for o, c in quick if c > 256} >= {384, 512} and all(o == 0 for o, c in quick if c > 256)
+    assert {c for o, c in quick if c > 256} >= {384} and all(o == 0 for o, c in quick if c > 256)
     assert len({c for o, c in quick if c > 256 and c % 16}) >= 2  # and unaligned ones between them
     assert QUICK.max_context() < max(QUICK.offsets) + max(QUICK.chunks)
     loads = workloads(max(QUICK.batches), QUICK.longest_prompt(), 1000)
@@ -113,6 +113,13 @@ def test_grids_time_unaligned_shapes_and_long_chunks_after_no_prefix_only_when_a
     cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0))
     log = simulate(fifo.trace, policies.make("fifo"), cost, warmup=warmup_trace(fifo.trace))
     assert len([c for c in log.calls if c.kind == "decode" and c.fresh and not c.joined]) == 3
+    # and one decodes a request at a time (meTile's loop), each request's own cache growing past
+    # 256 tokens while the others' are held: the samples that price such a growth (`grow_single`)
+    alone = next(w for w in loads["train"] if w.setting.get("decode") == "single")
+    log = simulate(alone.trace, policies.make(**alone.setting), cost, warmup=warmup_trace(alone.trace))
+    grown = [c for c in log.calls if c.kind == "decode" and c.written and not c.batched]
+    assert len(grown) == 3 and len({c.rids for c in grown}) == 3 and all(c.written == 512 for c in grown)
+    assert any(c.rids == grown[0].rids and c.start > grown[1].end for c in log.calls)  # the first's cache held then
 
 
 def test_interrupted_calibration_resumes(tmp_path):
@@ -167,6 +174,22 @@ def test_profiler_batch_cache_steps_as_the_executors_merged_one():
         np.testing.assert_array_equal(np.array(a.keys[..., :a._idx, :]), np.array(b.keys[..., :b._idx, :]))
         np.testing.assert_array_equal(np.array(a.values[..., :a._idx, :]), np.array(b.values[..., :b._idx, :]))
     assert real.step([4, 5, 6]) == built.step([4, 5, 6])
+
+
+def test_a_whole_prompt_longer_than_every_chunk_is_timed_at_its_length(monkeypatch):
+    """A grid's odd prompts may be longer than its chunks (the quick grid's 414 against 384): each
+    prefill point runs exactly its own number of tokens, from offset 0, through the real kernels."""
+    import calibrate.profiler as profiler
+    fed = []
+    real = profiler.prefill_chunk
+    monkeypatch.setattr(profiler, "prefill_chunk", lambda lm, cache, ids: fed.append(len(ids)) or real(lm, cache, ids))
+    grid = Grid(chunks=[4, 8], offsets=[0], batches=[1], contexts=[8], odd_prompts=[13])
+    prof = profiler.Profiler(build_model("qwen3-tiny"), grid)
+    for p in grid.points():
+        if p["step"] == "prefill":
+            fed.clear()
+            prof.measure(p, first_visit=False)
+            assert fed[-1] == p["chunk"], p  # (the first builds the master cache before)
 
 
 def test_more_rounds_join_the_earlier_ones(tmp_path):

@@ -187,6 +187,44 @@ def test_a_steps_own_growth_has_its_own_prices():
     assert not {"fresh_step", "grow"} & set(fit_profile(pre + dec + syncs)["cost"])
 
 
+def test_a_single_decodes_own_growth_has_one_price_fresh_or_not():
+    """A single decode whose own cache grows (meTile's loop) writes its rows at `grow_single`, the
+    median of such decodes' cost beyond their price, fresh memory or not; the batch cache's
+    growths keep `grow` and `fresh_step`. Without such decodes a profile has no such price."""
+    truth = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6), prefill_dense=TRUTH.prefill_dense,
+                            decode_dense=TRUTH.decode_dense, copy=2e-5, fresh=3e-4, fresh_step=5e-5, grow=9e-5)
+    pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 256 * (P == 0)}
+           for L in (8, 16, 32, 64, 128) for P in (0, 300)]
+    dec = [{"step": "decode", "batch": B, "context_max": M, "written": 0} for B in (1, 2, 4) for M in (64, 300, 900)]
+    grows = [{"step": "decode", "batch": 1, "context_max": M, "written": M + 256, "fresh": M + 256} for M in (100, 180)]
+    warm = [{"step": "decode", "batch": 2, "context_max": 88, "written": 688, "fresh": 0}]
+    alone = [{"step": "decode", "batch": 1, "contexts": [257], "context_max": 257, "single": True, "written": 512,
+              "fresh": f, "per_row": r} for f, r in ((512, 4e-4), (0, 4.5e-4), (0, 9e-4))]
+    syncs = [{"step": "sync", "batch": B, "context_max": 300, "written": w, "fresh": f, "joined": 1, "left": 0}
+             for B, w, f in ((2, 1200, 600), (3, 1800, 0), (4, 2400, 1200), (3, 900, 0), (2, 600, 0))]
+    for x in pre:
+        x["seconds"] = truth.prefill(x["chunk"], x["prefix"]) + kv_copies(truth, x["written"], 0, step=True)
+    for x in dec + grows + warm:
+        x["seconds"] = truth.decode([x["context_max"]] * x["batch"]) + kv_copies(truth, x["written"], x.get("fresh", 0),
+                                                                                 step=True, grow=True)
+    for x in alone:
+        x["seconds"] = truth.decode([257], True) + x.pop("per_row") * 512
+    for x in syncs:
+        x["seconds"] = kv_copies(truth, x["written"], x["fresh"])
+    cost = fit_profile(pre + dec + grows + warm + alone + syncs)["cost"]
+    assert cost["grow_single"] == pytest.approx(4.5e-4, rel=0.05)
+    assert cost["grow"] == pytest.approx(9e-5, rel=0.05) and cost["fresh_step"] == pytest.approx(5e-5, rel=0.05)
+    model = cost_model({"cost": cost})
+    lone = truth.decode([257], True)
+    assert price(model, "decode", 1, 0, [257], False, 0, 0, 512, 512) == pytest.approx(lone + 4.5e-4 * 512, rel=0.02)
+    assert price(model, "decode", 1, 0, [257], False, 0, 0, 512, 0) == pytest.approx(lone + 4.5e-4 * 512, rel=0.02)
+    assert price(model, "decode", 1, 0, [257], True, 0, 0, 512, 512) == pytest.approx(
+        lone + (9e-5 + 5e-5) * 512, rel=0.02)  # the batch cache's growth: unchanged
+    assert "grow_single" not in fit_profile(pre + dec + grows + warm + syncs)["cost"]
+    assert price(cost_model({"cost": {k: v for k, v in cost.items() if k != "grow_single"}}), "decode", 1, 0, [257],
+                 False, 0, 0, 512, 0) == pytest.approx(lone + 9e-5 * 512, rel=0.02)  # older profiles: `grow`
+
+
 def test_an_engine_runs_one_off_call_sets_no_knot_of_the_curve():
     """The dense curve passes through the grid's sizes (medians over rounds); an engine run's call
     of another size, one noisy timing, is fitted but cannot bend the curve's end by a knot of its own."""

@@ -177,6 +177,7 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
           f"per token-row (fresh: {c.get('fresh', 0) * 1e6:.1f} us more"
           + (f", {c['fresh_step'] * 1e6:.1f} us in a step's own growth" if c.get("fresh_step") is not None else "")
           + (f"; a decode's own growth {c['grow'] * 1e6:.1f} us a row" if c.get("grow") is not None else "")
+          + (f", a single decode's {c['grow_single'] * 1e6:.1f}" if c.get("grow_single") is not None else "")
           + (f"; a leave's gather {c['gather'] * 1e6:.1f} us" if c.get("gather") is not None else "")
           + f"); batch join {per(c['join'])}; leave {per(c['leave'])}")
     if "replay" in prof["fit"]:
