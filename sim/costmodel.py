@@ -113,7 +113,7 @@ def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, s
     the profile has one: measured on meTile's runs it cost 100-980 us a row, a median of about 450,
     as much where the array was larger than any before as where it was not (README, stop 32), and
     the batch cache's growths cost 50-300."""
-    if grow and single and getattr(cost, "grow_single", None) is not None:
+    if grow and single and cost.grow_single is not None:
         return cost.grow_single * written
     per_row = cost.gather if gather and cost.gather is not None else cost.copy
     if grow and cost.grow is not None:

@@ -84,7 +84,7 @@ class AtSpeed:
 
     @property
     def grow_single(self) -> float | None:
-        return _at(getattr(self.cost, "grow_single", None), self.speed.decode)
+        return _at(self.cost.grow_single, self.speed.decode)
 
     def prefill(self, chunk: int, prefix: int) -> float:
         return self.cost.prefill(chunk, prefix) / self.speed.prefill

@@ -154,19 +154,17 @@ def test_a_fresh_row_costs_what_the_typical_fresh_join_paid_and_warm_rows_set_th
     assert k.fresh == pytest.approx(4e-4, rel=1e-3)  # the median join's, not what the two large cheap ones pull it to
 
 
-def test_a_steps_own_growth_has_its_own_prices():
-    """A decode's own growth writes its rows at `grow`, fitted on the growths that met no fresh
-    memory, and its fresh rows cost `fresh_step` more, fitted on those that did; syncs and
-    prefills keep `copy` and `fresh`. Without such decodes a profile has neither price."""
-    truth = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6), prefill_dense=TRUTH.prefill_dense,
-                            decode_dense=TRUTH.decode_dense, copy=2e-5, fresh=3e-4, fresh_step=5e-5, grow=9e-5)
+GROWTH_TRUTH = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6), prefill_dense=TRUTH.prefill_dense,
+                               decode_dense=TRUTH.decode_dense, copy=2e-5, fresh=3e-4, fresh_step=5e-5, grow=9e-5)
+
+
+def _timed_at_growth_truth(grows: list[dict], warm: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
+    """Prefills, steady decodes and joining syncs around these growing decodes, every sample (the
+    growths too) timed at `GROWTH_TRUTH`: (prefills, decodes, syncs)."""
+    truth = GROWTH_TRUTH
     pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 256 * (P == 0)}
            for L in (8, 16, 32, 64, 128) for P in (0, 300)]
     dec = [{"step": "decode", "batch": B, "context_max": M, "written": 0} for B in (1, 2, 4) for M in (64, 300, 900)]
-    grows = [{"step": "decode", "batch": 1, "context_max": M, "written": M + 256, "fresh": M + 256, "source": "engine:f"}
-             for M in (100, 180, 250)]
-    warm = [{"step": "decode", "batch": B, "context_max": M, "written": B * (M + 256), "fresh": 0, "source": "engine:w"}
-            for B, M in ((1, 49), (2, 88), (1, 232))]
     syncs = [{"step": "sync", "batch": B, "context_max": 300, "written": w, "fresh": f, "joined": 1, "left": 0}
              for B, w, f in ((2, 1200, 600), (3, 1800, 0), (4, 2400, 1200), (3, 900, 0), (2, 600, 0))]
     for x in pre:
@@ -176,6 +174,18 @@ def test_a_steps_own_growth_has_its_own_prices():
                                                                                  step=True, grow=True)
     for x in syncs:
         x["seconds"] = kv_copies(truth, x["written"], x["fresh"])
+    return pre, dec, syncs
+
+
+def test_a_steps_own_growth_has_its_own_prices():
+    """A decode's own growth writes its rows at `grow`, fitted on the growths that met no fresh
+    memory, and its fresh rows cost `fresh_step` more, fitted on those that did; syncs and
+    prefills keep `copy` and `fresh`. Without such decodes a profile has neither price."""
+    grows = [{"step": "decode", "batch": 1, "context_max": M, "written": M + 256, "fresh": M + 256, "source": "engine:f"}
+             for M in (100, 180, 250)]
+    warm = [{"step": "decode", "batch": B, "context_max": M, "written": B * (M + 256), "fresh": 0, "source": "engine:w"}
+            for B, M in ((1, 49), (2, 88), (1, 232))]
+    pre, dec, syncs = _timed_at_growth_truth(grows, warm)
     cost = fit_profile(pre + dec + grows + warm + syncs)["cost"]
     assert cost["grow"] == pytest.approx(9e-5, rel=0.05) and cost["copy"] == pytest.approx(2e-5, rel=0.05)
     assert cost["fresh_step"] == pytest.approx(5e-5, rel=0.05) and cost["fresh"] == pytest.approx(3e-4, rel=0.05)
@@ -191,26 +201,12 @@ def test_a_single_decodes_own_growth_has_one_price_fresh_or_not():
     """A single decode whose own cache grows (meTile's loop) writes its rows at `grow_single`, the
     median of such decodes' cost beyond their price, fresh memory or not; the batch cache's
     growths keep `grow` and `fresh_step`. Without such decodes a profile has no such price."""
-    truth = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6), prefill_dense=TRUTH.prefill_dense,
-                            decode_dense=TRUTH.decode_dense, copy=2e-5, fresh=3e-4, fresh_step=5e-5, grow=9e-5)
-    pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 256 * (P == 0)}
-           for L in (8, 16, 32, 64, 128) for P in (0, 300)]
-    dec = [{"step": "decode", "batch": B, "context_max": M, "written": 0} for B in (1, 2, 4) for M in (64, 300, 900)]
     grows = [{"step": "decode", "batch": 1, "context_max": M, "written": M + 256, "fresh": M + 256} for M in (100, 180)]
     warm = [{"step": "decode", "batch": 2, "context_max": 88, "written": 688, "fresh": 0}]
+    pre, dec, syncs = _timed_at_growth_truth(grows, warm)
+    truth = GROWTH_TRUTH
     alone = [{"step": "decode", "batch": 1, "contexts": [257], "context_max": 257, "single": True, "written": 512,
-              "fresh": f, "per_row": r} for f, r in ((512, 4e-4), (0, 4.5e-4), (0, 9e-4))]
-    syncs = [{"step": "sync", "batch": B, "context_max": 300, "written": w, "fresh": f, "joined": 1, "left": 0}
-             for B, w, f in ((2, 1200, 600), (3, 1800, 0), (4, 2400, 1200), (3, 900, 0), (2, 600, 0))]
-    for x in pre:
-        x["seconds"] = truth.prefill(x["chunk"], x["prefix"]) + kv_copies(truth, x["written"], 0, step=True)
-    for x in dec + grows + warm:
-        x["seconds"] = truth.decode([x["context_max"]] * x["batch"]) + kv_copies(truth, x["written"], x.get("fresh", 0),
-                                                                                 step=True, grow=True)
-    for x in alone:
-        x["seconds"] = truth.decode([257], True) + x.pop("per_row") * 512
-    for x in syncs:
-        x["seconds"] = kv_copies(truth, x["written"], x["fresh"])
+              "fresh": f, "seconds": truth.decode([257], True) + r * 512} for f, r in ((512, 4e-4), (0, 4.5e-4), (0, 9e-4))]
     cost = fit_profile(pre + dec + grows + warm + alone + syncs)["cost"]
     assert cost["grow_single"] == pytest.approx(4.5e-4, rel=0.05)
     assert cost["grow"] == pytest.approx(9e-5, rel=0.05) and cost["fresh_step"] == pytest.approx(5e-5, rel=0.05)
