@@ -98,11 +98,15 @@ def key_of(p: dict) -> str:
 # of three timings is within a median 1-3% (p90 3-6%) of its median of four over ten calibrations,
 # inside the 5% of repeat noise. Refitted so, the 54 confirmed settings of five earlier rounds held
 # about as many: the six 41 -> 38, the tails 30 -> 31, all three 22 -> 22 (README, stop 32).
+# Stop 33: two rounds. Refitted from each point's first two timings, the 66 confirmed settings of
+# six rounds held as many as from its first three: the six 44 against 43, the tails 34 against 33,
+# all three 24 against 24; a round costs about 105 s here, and a quick calibration about 8.5 minutes
+# (README, stop 33).
 # `pdsim calibrate --add-rounds` times more rounds.
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],
                                               [777] * 3, [100] * 5, [333] * 6, [555] * 7],
-             repeats=3, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777],
+             repeats=2, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777],
              offset_chunk_max=64, prompt_max=256, odd_prompts=spread(257, 511, 2))
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 250, 262, 1024, 2048],
             batches=list(range(1, 17)), contexts=[64, 256, 1024, 2048],

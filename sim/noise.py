@@ -10,7 +10,8 @@ typical times predicts the worst gap 20-40% low, always low. The same holds, sma
 round, so each timing over its point's median, after the round's speed (`speed_by_round`) is
 divided out, is what the call's own luck added; shape and the machine's drift are gone. Each
 round gives its own distribution and the median over rounds is kept: a round another process
-disturbed (factors up to 2.8 where the quiet round's worst was 1.13) does not set the tails. A
+disturbed (factors up to 2.8 where the quiet round's worst was 1.13) does not set the tails
+(with the quick grid's two rounds, their mean: a disturbed round sets half of them). A
 prediction then replays a run several times (`sim.predict`), every call's time multiplied by a
 factor drawn from it, and takes each metric's median over the replays.
 """
