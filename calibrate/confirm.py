@@ -24,7 +24,7 @@ from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
 from calibrate.replay import relogged
-from calibrate.speed_probe import probe_engine, probe_speed, reference_probes, timed_speed
+from calibrate.speed_probe import memory_speed, probe_engine, probe_speed, reference_probes, timed_speed
 from calibrate.confirm_runs import RunsFolder, finished_run, model_spec, runs_manifest
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.costmodel import CostModel, check_profile_matches, cost_model
@@ -173,6 +173,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         mine = [r for r in runs if r["label"] == label]
         probes = [probed_speed(r, cost, reference) for r in mine]
         known = [p for p in probes if p]
+        memory = [p["memory"] for p in known if p.get("memory")]
         probed = MachineSpeed(statistics.median(p["prefill"] for p in known),
                               statistics.median(p["decode"] for p in known)) if known else MachineSpeed()
         speed = probed.partway()
@@ -198,6 +199,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
                         "predicted_range": {k: list(spread[k]) for k in measured if k in spread},
                         "measured": measured, "rel_error": errors,
                         "machine_speed": {"median": probed.to_json() if known else None,
+                                          "memory": statistics.median(memory) if memory else None,
                                           "predicted_at": speed.to_json() if known else None,
                                           "runs": [dict(p or {}, repeat=r["repeat"]) for r, p in zip(mine, probes)]},
                         "at_calibration_speed": {"predicted": {k: at_calibration[k] for k in errors_at_calibration},
@@ -214,8 +216,9 @@ def probed_speed(run: dict, cost: CostModel, reference: list[dict] = ()) -> dict
     decode over both probes, and each probe's alone (`before`, `after`); priced by the profile,
     or where it cannot price them timed against the calibration's own probes (`reference`,
     `speed_probe.reference_probes`; `method`). `timed`: the timed speed, beside the priced one,
-    where the profile has the same probe. None for a run without probes (measured before them)
-    or a profile that can do neither."""
+    where the profile has the same probe. `memory`: fresh memory's speed against the calibration's
+    (`memory_speed`; reported, not predicted at). None for a run without probes (measured before
+    them) or a profile that can do neither."""
     probe = run.get("probe")
     if not probe or not probe.get("logs"):
         return None
@@ -228,7 +231,8 @@ def probed_speed(run: dict, cost: CostModel, reference: list[dict] = ()) -> dict
     read = (lambda ls: probe_speed(ls, cost)) if priced else (lambda ls: timed_speed(ls, then))
     before, after = read(logs[:1]), read(logs[-1:])
     return {**(priced or timed).to_json(), "method": "priced" if priced else "timed", "timed": timed and timed.to_json(),
-            "before": before and before.to_json(), "after": after and after.to_json()}
+            "before": before and before.to_json(), "after": after and after.to_json(),
+            "memory": memory_speed([probe], reference)}
 
 
 def probe_logs(probe: dict) -> list[EventLog]:

@@ -24,6 +24,9 @@ three settings had runs 28% apart in speed, and nothing said so in the predictio
 from __future__ import annotations
 
 import statistics
+import time
+
+import mlx.core as mx
 
 import policies
 
@@ -38,6 +41,7 @@ from traces.trace import Trace
 SETTING = {"policy": "fifo"}
 MLX_SETTING = {"policy": "mlx-lm", "prefill_step": 64, "prompt_concurrency": 1, "decode_concurrency": 2}
 PREFILLS, DECODES = ("prefill", "prompt"), ("decode", "generate")  # call kinds of each speed (`sim.speed`)
+ALLOC_BYTES = 64 << 20  # past glibc's largest mmap threshold (32 MiB): every allocation is fresh pages
 
 
 def probe_trace(vocab: int) -> Trace:
@@ -57,6 +61,29 @@ def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
     if not prefill or not decode:
         return None
     return MachineSpeed(statistics.median(prefill), statistics.median(decode))
+
+
+def allocation_seconds() -> float:
+    """Seconds MLX takes to allocate and fill `ALLOC_BYTES` of fresh memory: what a join, a buffer
+    growth or a fresh process pays per byte on top of its copy (`fresh` and `grow_single` in
+    `sim.costmodel`). On this VM that is page faults at about 6 us per 4 KiB page, and it is not the
+    machine's compute: in round 5 of stop 32 it cost 3-5x more for half an hour while prefills and
+    decodes kept their speed, so the probes' calls could not see it."""
+    mx.clear_cache()  # else MLX hands back a buffer it holds, with its pages already mapped
+    t = time.perf_counter()
+    mx.eval(mx.zeros((ALLOC_BYTES // 4,), dtype=mx.float32))
+    return time.perf_counter() - t
+
+
+def memory_speed(probes: list[dict], reference: list[dict]) -> float | None:
+    """The calibration's allocation time (median over its probes, `reference`) over the time now
+    (median over `probes`): below 1, fresh memory costs more than when the profile was made. None
+    where either side has no allocation timed (probes from before stop 33)."""
+    now = [t for p in probes for t in p.get("alloc_s") or ()]
+    then = [t for p in reference for t in p.get("alloc_s") or ()]
+    if not now or not then or min(now) <= 0:
+        return None
+    return statistics.median(then) / statistics.median(now)
 
 
 def timed_speed(logs: list[EventLog], reference: list[EventLog]) -> MachineSpeed | None:
@@ -107,7 +134,7 @@ class Probe:
 
     def __init__(self, lm, engine: str | bool | None):
         self.engine = "pdsim" if engine is True else engine or None
-        self.lm, self.trace, self.logs = lm, probe_trace(lm.vocab_size), []
+        self.lm, self.trace, self.logs, self.alloc = lm, probe_trace(lm.vocab_size), [], []
         self.setting = MLX_SETTING if self.engine == "mlx-lm" else SETTING
         self.pdsim = RealEngine(lm) if self.engine == "pdsim" else None
 
@@ -117,6 +144,9 @@ class Probe:
             self.logs.append(run_batch_generator(self.lm, self.trace, self.setting)[0].log.to_dict())
         elif self.engine == "pdsim":
             self.logs.append(self.pdsim.run(self.trace, policies.make(**self.setting)).log.to_dict())
+        if self.engine:
+            self.alloc.append(allocation_seconds())
 
     def result(self) -> dict:
-        return {"trace": self.trace.to_dict(), "setting": self.setting, "logs": self.logs}
+        return {"trace": self.trace.to_dict(), "setting": self.setting, "logs": self.logs,
+                "alloc_s": self.alloc, "alloc_bytes": ALLOC_BYTES}

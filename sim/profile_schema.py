@@ -384,6 +384,9 @@ def check_engine_runs(w: _Where, runs) -> None:
                 raise w.fail(f"{f}.probe.logs", "must be a list")
             for j, plog in enumerate(probe["logs"]):
                 _log(w, plog, f"{f}.probe.logs[{j}]")
+            if probe.get("alloc_s") is not None:  # since stop 33 (`speed_probe.allocation_seconds`)
+                _numbers(w, probe["alloc_s"], f"{f}.probe.alloc_s")
+                _whole(w, probe.get("alloc_bytes"), f"{f}.probe.alloc_bytes", lo=1)
 
 
 def _log(w: _Where, log, f: str) -> dict:

@@ -84,6 +84,12 @@ def test_unreadable_trace_and_profile(tmp_path, capsys):
         "log": {"requests": [], "calls": [], "tokens": {}},
         "probe": {"setting": {}, "trace": {"requests": []}, "logs": [{"requests": []}]}}]),
      "engine_runs[0].probe.logs[0].calls"),
+    (lambda d: d.__setitem__("engine_runs", [{  # a probe's allocation time, negative
+        "name": "w", "part": "train", "setting": {}, "trace": {"requests": []},
+        "log": {"requests": [], "calls": [], "tokens": {}},
+        "probe": {"setting": {}, "trace": {"requests": []}, "logs": [], "alloc_s": [0.1, -0.1],
+                  "alloc_bytes": 64 << 20}}]),
+     "engine_runs[0].probe.alloc_s[1]"),
 ])
 def test_profile_fields_of_the_wrong_type_or_value(tmp_path, capsys, change, needle):
     prof = profile(tmp_path, change)

@@ -39,6 +39,10 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     assert code == 0, err
     assert "held-out relative error" in stdout
     prof = load_profile(out)
+    # every engine run's two probes allocated fresh memory and timed it (`speed_probe.allocation_seconds`)
+    alloc = [r["probe"]["alloc_s"] for r in prof["engine_runs"]]
+    assert all(len(a) == 2 and min(a) > 0 for a in alloc)
+    assert f"median of {2 * len(alloc)} probes" in stdout
     assert prof["model"]["name"] == "qwen3-tiny" and prof["model"]["dtype"] == "float32"
     for key in ("kind", "cpu", "os", "mlx", "mlx_lm", "blas", "id"):
         assert key in prof["device"]

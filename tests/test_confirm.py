@@ -109,6 +109,8 @@ def test_confirm_end_to_end(profile, tmp_path):
     for res in rep["results"]:
         runs = [r for r in rep["runs"] if r["label"] == res["label"]]
         assert all(len(r["probe"]["logs"]) == 2 for r in runs)
+        assert all(len(r["probe"]["alloc_s"]) == 2 and min(r["probe"]["alloc_s"]) > 0 for r in runs)
+        assert all(0.05 < p["memory"] < 20 for p in res["machine_speed"]["runs"])  # the profile's probes allocated too
         for kind in ("prefill", "decode"):
             assert {p["method"] for p in res["machine_speed"]["runs"]} == {"priced"}
             assert all(0.2 < p["timed"][kind] < 5 for p in res["machine_speed"]["runs"])  # the profile has its probes
@@ -117,6 +119,7 @@ def test_confirm_end_to_end(profile, tmp_path):
             assert res["machine_speed"]["median"][kind] == statistics.median(speeds)
     assert "machine speed against the calibration" in stdout and "at calib. speed" in stdout
     assert "timed against the calibration's probes" in stdout
+    assert "fresh memory's speed against the calibration" in stdout
     # the report is never overwritten
     code, _, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--budget", "8", "--repeats", "1",
                          "-o", str(out))

@@ -174,3 +174,33 @@ def test_a_calibrations_engine_run_on_a_slowed_machine_is_brought_back_to_its_sp
         assert b["seconds"] == pytest.approx(a["seconds"], rel=1e-9)
         assert b["measured"] == pytest.approx(a["seconds"] * SLOW, rel=1e-9) and b["speed"] == pytest.approx(1 / SLOW)
     assert run_speeds(runs[:1]) == {}  # one run has no other to be timed against
+
+
+def test_fresh_memorys_speed_is_timed_against_the_calibrations_and_said_when_slow(capsys):
+    """Each probe also allocates 64 MiB of fresh memory (`allocation_seconds`): its time against the
+    calibration's probes' is fresh memory's speed, reported beside the machine's and not predicted
+    at (stop 32, round 5: joins and growths at 3-5x their prices for half an hour while the calls'
+    speeds held, and the probes' calls, which allocate little, read normal)."""
+    from sim.commands.confirm import print_report
+    prof = load_profile(BUILTIN)
+    cost, trace = cost_model(prof), tinyllm(num_seqs=3, seed=4)
+    setting = {"policy": "fifo"}
+    with_alloc = lambda probe, s: dict(probe, alloc_s=[s, s], alloc_bytes=64 << 20)  # noqa: E731
+    runs = [dict(measured(trace, setting, cost, 1.0, r), probe=with_alloc(probes_at(cost, 1.0), 0.3)) for r in range(2)]
+    calibrated = dict(prof, engine_runs=[{"name": f"w{i}", "probe": with_alloc(probes_at(cost, 1.0), 0.1)}
+                                         for i in range(3)])
+    (res,) = compare(calibrated, trace, [setting], runs, replicas=0)
+    assert res["machine_speed"]["memory"] == pytest.approx(1 / 3)
+    assert [p["memory"] for p in res["machine_speed"]["runs"]] == pytest.approx([1 / 3, 1 / 3])
+    before = dict(calibrated, engine_runs=[{"name": "w0", "probe": probes_at(cost, 1.0)}])  # probes before stop 33
+    (old,) = compare(before, trace, [setting], runs, replicas=0)
+    assert old["machine_speed"]["memory"] is None and old["predicted"] == res["predicted"]  # reported, not predicted at
+    report = {"gate": {"logits": [], "greedy_tokens_identical": True, "timed_runs_identical_tokens": True},
+              "protocol": {"repeats": 2}, "results": [res], "wall_s": 1.0}
+    print_report(report, "r.json", None)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fresh memory's speed")]
+    assert said == ["fresh memory's speed against the calibration (an allocation timed by each probe): r0 0.33 r1 0.33; "
+                    "slow: joins, buffer growths and fresh caches pay more than their prices, which the prediction "
+                    "does not scale"]
+    print_report(dict(report, results=[old]), "r.json", None)
+    assert "fresh memory" not in capsys.readouterr().out

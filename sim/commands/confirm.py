@@ -10,6 +10,7 @@ from sim.predict import REPLICAS
 
 NEEDS_MLX = True
 SPEED_SPREAD = 0.10  # runs' speeds further apart than this: the machine, not the model
+MEMORY_SLOW = 0.75  # fresh memory slower than this against the calibration: joins and growths will run long
 
 
 def add_parser(sub) -> None:
@@ -97,6 +98,13 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                   + ("; timed against the calibration's probes: " + " ".join(
                       f"r{p['repeat']} {p['timed']['prefill']:.2f}/{p['timed']['decode']:.2f}" for p in timed)
                      if timed else ""))
+        memory = [p for p in (res.get("machine_speed") or {}).get("runs", ()) if p.get("memory")]
+        if memory:  # since stop 33
+            slow = res["machine_speed"]["memory"] < MEMORY_SLOW
+            print("fresh memory's speed against the calibration (an allocation timed by each probe): "
+                  + " ".join(f"r{p['repeat']} {p['memory']:.2f}" for p in memory)
+                  + ("; slow: joins, buffer growths and fresh caches pay more than their prices, which "
+                     "the prediction does not scale" if slow else ""))
         speeds = {r["repeat"]: r["pred_over_meas"] for r in res.get("run_speed", ()) if r["pred_over_meas"]}
         if speeds:
             spread = max(speeds.values()) / min(speeds.values()) - 1
