@@ -100,7 +100,7 @@ def key_of(p: dict) -> str:
 # about as many: the six 41 -> 38, the tails 30 -> 31, all three 22 -> 22 (README, stop 32).
 # Stop 33: two rounds. Refitted from each point's first two timings, the 66 confirmed settings of
 # six rounds held as many as from its first three: the six 44 against 43, the tails 34 against 33,
-# all three 24 against 24; a round costs about 105 s here, and a quick calibration about 8.5 minutes
+# all three 24 against 24; a round costs about 105 s here, and a quick calibration 469-479 s
 # (README, stop 33).
 # `pdsim calibrate --add-rounds` times more rounds.
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
