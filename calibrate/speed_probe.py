@@ -66,7 +66,7 @@ def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
 def allocation_seconds() -> float:
     """Seconds MLX takes to allocate and fill `ALLOC_BYTES` of fresh memory: what a join, a buffer
     growth or a fresh process pays per byte on top of its copy (`fresh` and `grow_single` in
-    `sim.costmodel`). On this VM that is page faults at about 6 us per 4 KiB page, and it is not the
+    `sim.costmodel`). On this VM that is page faults, about 4 us a 4 KiB page (64 MiB in 67 ms), not the
     machine's compute: in round 5 of stop 32 it cost 3-5x more for half an hour while prefills and
     decodes kept their speed, so the probes' calls could not see it."""
     mx.clear_cache()  # else MLX hands back a buffer it holds, with its pages already mapped
