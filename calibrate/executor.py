@@ -5,11 +5,14 @@ ask the policy, run each call, hand the state its start and end times. Times are
 `time.perf_counter()` after the step functions have evaluated their results; the run's peak
 memory is MLX's own count (`mx.get_peak_memory`, reset when the run starts, less the arrays the
 process held besides the weights), what `sim.memory` predicts, kept as the log's `peak_memory`.
+Each call's minor page faults are counted too (`EventLog.faults`): fresh memory is where a join's
+time goes when the allocator has given its pages back, which no shape says.
 mlx-lm's calls (the mlx-lm policy) run on mlx-lm's own batch classes (`calibrate.mlxlm_batches`).
 """
 from __future__ import annotations
 
 import random
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -24,6 +27,11 @@ from sim.memory import kv_bytes_per_token
 from sim.state import EngineError, EngineState, Freed
 from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 from traces.trace import Request, Trace
+
+
+def minor_faults() -> int:
+    """The process's minor page faults so far, every thread's: pages the kernel mapped fresh."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def prompt_tokens(req: Request, vocab: int) -> list[int]:
@@ -67,6 +75,7 @@ class RealEngine:
                 self.outputs[r.id].append(prefill_chunk(self.lm, self.caches[r.id], self.prompts[r.id])[0])
         idle, t0 = 0.0, time.perf_counter()
         clock = lambda: time.perf_counter() - t0
+        state.log.faults = []
         while not state.done:
             state.admit(clock())
             work = next_work(policy, state, clock(), self._free)
@@ -81,13 +90,15 @@ class RealEngine:
             state.iteration += 1
             for item in work:
                 state.check(item)
-                start = clock()
+                before, faults, start = state.log.call_count, minor_faults(), clock()
                 synced = self._run(item, state, clock)
                 state.apply(item, start, clock(), synced)
+                self._count_faults(state.log, before, faults, synced is not None)
                 self._free_finished(item, state)
                 if on_call:
                     on_call(state)
         self.largest = state.kv.largest
+        state.log.faults += [0] * (state.log.call_count - len(state.log.faults))
         state.log.peak_memory = float(mx.get_peak_memory() - foreign)
         return RealRun(state.log, self.outputs, idle)
 
@@ -111,7 +122,7 @@ class RealEngine:
         synced = None
         if work.batched:
             self.batch.sync(list(work.rids), self.caches)
-            synced = clock()
+            synced, self.sync_faults = clock(), minor_faults()
             tokens = self.batch.step(last)
         else:
             if any(rid in self.batch.ids for rid in work.rids):  # take it out of the batch cache first
@@ -120,6 +131,17 @@ class RealEngine:
         for rid, tok in zip(work.rids, tokens):
             self.outputs[rid].append(tok)
         return synced
+
+    def _count_faults(self, log: EventLog, before: int, faults: int, synced: bool) -> None:
+        """The faults of the calls an item just logged: a sync's and its step's apart (the state
+        logs the sync only when rows changed), the rest on the item's last call. Calls logged
+        outside an item (preemptions) have none."""
+        now, added = minor_faults(), log.call_count - before
+        log.faults += [0] * (before - len(log.faults))
+        if synced and added == 2:
+            log.faults += [self.sync_faults - faults, now - self.sync_faults]
+        elif added:
+            log.faults += [0] * (added - 1) + [now - faults]
 
     def _run_mlx_lm(self, work: Work, state: EngineState) -> None:
         """An mlx-lm call on mlx-lm's batches; a generation step's tokens are the outputs."""

@@ -23,10 +23,11 @@ three settings had runs 28% apart in speed, and nothing said so in the predictio
 """
 from __future__ import annotations
 
+import mmap
 import statistics
 import time
 
-import mlx.core as mx
+import numpy as np
 
 import policies
 
@@ -41,7 +42,8 @@ from traces.trace import Trace
 SETTING = {"policy": "fifo"}
 MLX_SETTING = {"policy": "mlx-lm", "prefill_step": 64, "prompt_concurrency": 1, "decode_concurrency": 2}
 PREFILLS, DECODES = ("prefill", "prompt"), ("decode", "generate")  # call kinds of each speed (`sim.speed`)
-ALLOC_BYTES = 64 << 20  # past glibc's largest mmap threshold (32 MiB): every allocation is fresh pages
+ALLOC_BYTES = 64 << 20  # fresh pages mapped and touched by each probe (`allocation_seconds`)
+ALLOC_METHOD = "mmap"  # how (since stop 34; before it, an MLX array: not compared with these)
 
 
 def probe_trace(vocab: int) -> Trace:
@@ -63,24 +65,31 @@ def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
     return MachineSpeed(statistics.median(prefill), statistics.median(decode))
 
 
-def allocation_seconds() -> float:
-    """Seconds MLX takes to allocate and fill `ALLOC_BYTES` of fresh memory: what a join, a buffer
-    growth or a fresh process pays per byte on top of its copy (`fresh` and `grow_single` in
-    `sim.costmodel`). On this VM that is page faults, about 4 us a 4 KiB page (64 MiB in 67 ms), not the
-    machine's compute: in round 5 of stop 32 it cost 3-5x more for half an hour while prefills and
-    decodes kept their speed, so the probes' calls could not see it."""
-    mx.clear_cache()  # else MLX hands back a buffer it holds, with its pages already mapped
+def allocation_seconds(nbytes: int = ALLOC_BYTES) -> float:
+    """Seconds to map `nbytes` of fresh anonymous memory and touch each of its pages: what a join,
+    a buffer growth or a fresh process pays per page on top of its copy (`fresh` and `grow_single`
+    in `sim.costmodel`). On this VM that is page faults, 3-4 us a 4 KiB page (64 MiB in 50-67 ms),
+    not the machine's compute: in round 5 of stop 32 it cost 3-5x more for half an hour while
+    prefills and decodes kept their speed, so the probes' calls could not see it. The region is
+    mapped here, not asked of MLX or malloc: until stop 34 an MLX array of the same size timed
+    the allocator's state as much as the machine (a freed block it still held made the pages old),
+    and two probes minutes apart read 3.3x and 0.4x the calibration's speed."""
+    region = mmap.mmap(-1, nbytes)
+    pages = np.frombuffer(region, dtype=np.uint8)
     t = time.perf_counter()
-    mx.eval(mx.zeros((ALLOC_BYTES // 4,), dtype=mx.float32))
-    return time.perf_counter() - t
+    pages[::mmap.PAGESIZE] = 1
+    seconds = time.perf_counter() - t
+    del pages
+    region.close()
+    return seconds
 
 
 def memory_speed(probes: list[dict], reference: list[dict]) -> float | None:
     """The calibration's allocation time (median over its probes, `reference`) over the time now
     (median over `probes`): below 1, fresh memory costs more than when the profile was made. None
-    where either side has no allocation timed (probes from before stop 33)."""
-    now = [t for p in probes for t in p.get("alloc_s") or ()]
-    then = [t for p in reference for t in p.get("alloc_s") or ()]
+    where either side has none timed by today's method (`ALLOC_METHOD`; probes before stop 34)."""
+    now = [t for p in probes if p.get("alloc_method") == ALLOC_METHOD for t in p.get("alloc_s") or ()]
+    then = [t for p in reference if p.get("alloc_method") == ALLOC_METHOD for t in p.get("alloc_s") or ()]
     if not now or not then or min(now) <= 0:
         return None
     return statistics.median(then) / statistics.median(now)
@@ -149,4 +158,5 @@ class Probe:
 
     def result(self) -> dict:
         return {"trace": self.trace.to_dict(), "setting": self.setting, "logs": self.logs,
-                "alloc_s": self.alloc, "alloc_bytes": ALLOC_BYTES}
+                "alloc_s": self.alloc, "alloc_bytes": ALLOC_BYTES,
+                "alloc_method": ALLOC_METHOD}

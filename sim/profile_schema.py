@@ -387,6 +387,8 @@ def check_engine_runs(w: _Where, runs) -> None:
             if probe.get("alloc_s") is not None:  # since stop 33 (`speed_probe.allocation_seconds`)
                 _numbers(w, probe["alloc_s"], f"{f}.probe.alloc_s")
                 _whole(w, probe.get("alloc_bytes"), f"{f}.probe.alloc_bytes", lo=1)
+                if not isinstance(probe.get("alloc_method", ""), str):  # since stop 34
+                    raise w.fail(f"{f}.probe.alloc_method", "must be a string")
 
 
 def _log(w: _Where, log, f: str) -> dict:
@@ -395,4 +397,10 @@ def _log(w: _Where, log, f: str) -> dict:
     for key in ("requests", "calls"):
         if not isinstance(log.get(key), list):
             raise w.fail(f"{f}.{key}", "must be a list")
+    faults = log.get("faults")  # since stop 34: each call's page faults, counted by the real engine
+    if faults is not None:
+        if not isinstance(faults, list) or len(faults) != len(log["calls"]):
+            raise w.fail(f"{f}.faults", f"must be a list with one count per call ({len(log['calls'])})")
+        for i, n in enumerate(faults):
+            _whole(w, n, f"{f}.faults[{i}]")
     return log

@@ -15,8 +15,8 @@ def relog(trace: Trace, log: EventLog, largest: int = 0, memory: MemoryModel | N
     state derives from the calls (KV buffers written, fresh memory) recomputed with today's rules,
     for a log written before them. Single decodes need the log's `batched` flag (logs since 0.2).
     mlx-lm's calls are rebuilt as the work they were (`work_of`), their prompt-batch joins inferred.
-    The measured peak memory is kept; with `memory`, the log's peak is that model's prediction for
-    these very calls instead."""
+    The measured peak memory and page faults are kept; with `memory`, the log's peak is that
+    model's prediction for these very calls instead."""
     state, sync = EngineState(trace, largest, memory=memory), None
     order = {r.id: i for i, r in enumerate(trace.requests)}
     prompting: dict[int, list[str]] = {}  # iteration -> the rows of its first forward and prompt calls
@@ -43,6 +43,8 @@ def relog(trace: Trace, log: EventLog, largest: int = 0, memory: MemoryModel | N
         sync = None
     if memory is None:
         state.log.peak_memory = log.peak_memory
+    if log.faults is not None and len(log.faults) == state.log.call_count:  # measured, call for call
+        state.log.faults = list(log.faults)
     return state.log
 
 

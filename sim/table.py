@@ -11,6 +11,8 @@ import math
 
 
 def fmt(v) -> str:
+    if v is None:
+        return "-"
     if isinstance(v, float):
         if math.isnan(v):
             return "-"

@@ -133,3 +133,36 @@ def test_adaptive_budgets_make_the_simulators_calls(engine):
             assert len(set(chunks)) > 3  # the chunk adapts to the prefix and the batch
         else:  # the first request prefills alone: its whole prompt in one call
             assert chunks[0] == trace.requests[0].prompt_len > 16
+
+
+def test_each_call_counts_its_own_page_faults(engine, monkeypatch):
+    """The real engine counts each call's minor page faults (`EventLog.faults`, one per call): here
+    every batch sync first maps 8 MiB of fresh memory, as a join that meets fresh memory does, so
+    each logged sync has at least one fault per (huge) page of it and its step is counted apart;
+    the counts survive the log's file and a relog, and the per-call table says which calls faulted."""
+    from calibrate.kernels import DecodeBatch
+    from calibrate.speed_probe import allocation_seconds
+    from sim.costmodel import LinearCostModel
+    from sim.log import EventLog
+    from sim.relog import relog
+    from sim.residuals import FAULTED, residual_table
+    sync = DecodeBatch.sync
+
+    def faulting_sync(self, ids, caches):
+        allocation_seconds(8 << 20)
+        return sync(self, ids, caches)
+    monkeypatch.setattr(DecodeBatch, "sync", faulting_sync)
+    trace = tinyllm(4, 10, 40, 6, 6, seed=2, vocab=1024)
+    log = engine.run(trace, policies.make("eager", batch_size=4)).log
+    calls, faults = log.calls, log.faults
+    assert len(faults) == len(calls) and min(faults) >= 0
+    pages = (8 << 20) // (2 << 20)  # a fault per page at least, huge pages included
+    synced = [i for i, c in enumerate(calls) if c.kind == "sync"]
+    assert synced and all(faults[i] >= pages for i in synced)
+    assert sum(faults[i + 1] for i in synced) < sum(faults[i] for i in synced)  # the step after is its own
+    kept = EventLog.from_dict(log.to_dict())
+    assert kept.faults == faults and relog(trace, kept).faults == faults
+    rows = residual_table([kept], LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0)), by_size=False)
+    join = next(r for r in rows if r["kind"] == "join")
+    assert join["faulted"] == sum(1 for i in synced if calls[i].joined and faults[i] >= FAULTED)
+    assert (join["faulted_ratio_median"] is None) == (join["faulted"] == 0)

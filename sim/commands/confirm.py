@@ -119,10 +119,12 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                         ["class", "metric", "predicted", "measured", "range", "error"],
                         ["class", "metric", "predicted", "measured (median)", "min..max", "rel. error"]))
         if res.get("calls_by_kind"):  # reports written before the per-call table have none
-            print(table([dict(c, range=f"{fmt(c['ratio_p10'])}..{fmt(c['ratio_p90'])}")
-                         for c in res["calls_by_kind"]],
-                        ["kind", "calls", "ratio_median", "range", "abs_error_median"],
-                        ["call kind", "calls", "pred/meas (median)", "p10..p90", "median |err|"]))
+            faults = all("faulted" in c for c in res["calls_by_kind"])  # runs that counted page faults (stop 34)
+            print(table([dict(c, range=f"{fmt(c['ratio_p10'])}..{fmt(c['ratio_p90'])}") for c in res["calls_by_kind"]],
+                        ["kind", "calls", "ratio_median", "range", "abs_error_median"]
+                        + (["faulted", "faulted_ratio_median"] if faults else []),
+                        ["call kind", "calls", "pred/meas (median)", "p10..p90", "median |err|"]
+                        + (["faulted >1 MiB", "their pred/meas"] if faults else [])))
     print(f"\nwrote {out}" + (f" ({report['wall_s']:.0f} s)" if "rescored_from" not in report else
                               f" (rescored {report['rescored_from']} with {report['profile']['path']})"))
     if tolerance and worst > tolerance:
