@@ -23,7 +23,10 @@ any before is fresh memory and a smaller one mostly reuses: `fresh` counts the t
 arrays a call allocates that are larger than every array before them in the run. Sizes are only a
 proxy: how much freed memory malloc still holds decides it, and meTile's 256 -> 512 growths cost
 300-900 us a row whatever came before (README, stop 31), so a single decode's own growth has one
-price, fresh or not, timed in a calibration run of its own (`grow_single`, stop 32).
+price, fresh or not, timed in a calibration run of its own (`grow_single`, stop 32). The real
+engine counts each call's page faults (`EventLog.faults`), which measure what this estimates:
+on a bursty trace (README, stop 34) joins that built no array larger than before faulted 90-180 MB
+and ran 4-8x their price, and the process gave memory back after some leaves and not others.
 
 mlx-lm's `BatchGenerator` keeps two batch caches, the prompt batch and the generation batch
 (`BatchCache`, with every row's left padding), rebuilt by the same operations plus a roll of the

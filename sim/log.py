@@ -103,7 +103,7 @@ class EventLog:
     peak_memory: float | None = None
     # a real run's minor page faults in each call, in the order of `calls` (`calibrate.executor`):
     # fresh memory as the kernel counted it, beside `Call.fresh`, the state machine's estimate of
-    # it (a join that faulted 150 MB ran 0.5 s where its copy is priced at 60 ms); None: not counted
+    # it (a join that faulted 160 MB ran 0.49 s where its copy is priced at 63 ms); None: not counted
     faults: list[int] | None = None
 
     def add(self, call: Call) -> None:

@@ -4,7 +4,7 @@ Run-level metrics average misses away; a max gap sits where one join or one unal
 So a calibration's engine replay and every confirm report keep predicted/measured per call, summed
 up by call kind and size bucket (median and p90 of the ratio), which says where a miss is. A real
 run also counts each call's page faults (`EventLog.faults`), so a row says how many of its calls
-met fresh memory and what they ran at: a join faulting 150 MB ran 0.5 s where its copy is 60 ms,
+met fresh memory and what they ran at: a join faulting 160 MB ran 0.49 s where its copy is priced at 63 ms,
 and a median over joins would hide it.
 """
 from __future__ import annotations

@@ -192,6 +192,20 @@ def test_frames_read_the_documented_formats(inputs):
     assert (kf["rel_error"].abs() < 0.12).all()
 
 
+def test_per_call_table_shows_faulted_calls_where_the_runs_counted_them(inputs):
+    """Runs that counted page faults (stop 34) add two columns: how many calls faulted over 1 MiB
+    and their median predicted/measured; reports before them keep the old columns."""
+    confirm = json.loads((inputs / "confirm.json").read_text())
+    assert "faulted" not in call_frame(confirm).columns
+    for r in confirm["results"]:
+        for i, c in enumerate(r["calls"]):
+            c.update(faulted=i % 2, faulted_ratio_median=0.25 if i % 2 else None)
+    calls = call_frame(confirm)
+    assert list(calls.columns)[-2:] == ["faulted", "faulted_median"]
+    assert list(calls["faulted"]) == [i % 2 for r in confirm["results"] for i, _ in enumerate(r["calls"])]
+    assert set(calls.loc[calls["faulted"] == 1, "faulted_median"]) == {0.25}
+
+
 def test_per_call_table_only_for_reports_that_have_it(inputs, tmp_path):
     """Every call of the stand-in runs takes 1.1x its price, so each row says 1/1.1; a report
     written before confirm kept per-call rows still renders, without the section."""

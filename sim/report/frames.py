@@ -201,9 +201,13 @@ def call_frame(doc: dict) -> pd.DataFrame:
     """Predicted/measured per call kind and size bucket of every confirmed setting; empty for a report
     written before confirm kept them."""
     rows = [{"setting": r["label"], "kind": c["kind"], "size": c["size"], "calls": c["calls"],
-             "median": c["ratio_median"], "p10": c["ratio_p10"], "p90": c["ratio_p90"]}
+             "median": c["ratio_median"], "p10": c["ratio_p10"], "p90": c["ratio_p90"],
+             "faulted": c.get("faulted"), "faulted_median": c.get("faulted_ratio_median")}
             for r in doc["results"] for c in r.get("calls") or []]
-    return pd.DataFrame(rows, columns=["setting", "kind", "size", "calls", "median", "p10", "p90"])
+    columns = ["setting", "kind", "size", "calls", "median", "p10", "p90"]
+    if any(row["faulted"] is not None for row in rows):  # runs that counted page faults (stop 34)
+        columns += ["faulted", "faulted_median"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def calibration_frame(profile: dict) -> pd.DataFrame:

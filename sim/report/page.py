@@ -159,7 +159,8 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
                                 "Every call of the measured runs priced by the cost model from its logged "
                                 "shape: predicted/measured by call kind and size bucket (median, p10 and p90 "
                                 "over the calls of all the setting's repeats), so a miss in a run metric shows "
-                                "the calls it comes from.",
+                                "the calls it comes from; where the runs counted page faults, how many calls "
+                                "faulted over 1 MiB of fresh memory and their median.",
                                 table=_html_table(calls.to_dict("records"), list(calls.columns))))
         summary["confirm"] = {"settings": sorted(set(cf["label"])) if len(cf) else [],
                               "median_abs_rel_error": float(cf["rel_error"].abs().median()) if len(cf) else None}
