@@ -205,8 +205,8 @@ def test_fresh_memorys_speed_is_timed_against_the_calibrations_and_said_when_slo
     print_report(report, "r.json", None)
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fresh memory's speed")]
     assert said == ["fresh memory's speed against the calibration (an allocation timed by each probe): r0 0.33 r1 0.33; "
-                    "slow: joins, buffer growths and fresh caches pay more than their prices, which the prediction "
-                    "does not scale"]
+                    "slow: a call that faults fresh pages in (the per-call table's faulted column) runs longer than "
+                    "its price"]
     print_report(dict(report, results=[old]), "r.json", None)
     assert "fresh memory" not in capsys.readouterr().out
 

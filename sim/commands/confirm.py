@@ -10,7 +10,7 @@ from sim.predict import REPLICAS
 
 NEEDS_MLX = True
 SPEED_SPREAD = 0.10  # runs' speeds further apart than this: the machine, not the model
-MEMORY_SLOW = 0.75  # fresh memory slower than this against the calibration: joins and growths will run long
+MEMORY_SLOW = 0.75  # fresh memory slower than this against the calibration: a call that faults pages in runs long
 
 
 def add_parser(sub) -> None:
@@ -103,8 +103,8 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
             slow = res["machine_speed"]["memory"] < MEMORY_SLOW
             print("fresh memory's speed against the calibration (an allocation timed by each probe): "
                   + " ".join(f"r{p['repeat']} {p['memory']:.2f}" for p in memory)
-                  + ("; slow: joins, buffer growths and fresh caches pay more than their prices, which "
-                     "the prediction does not scale" if slow else ""))
+                  + ("; slow: a call that faults fresh pages in (the per-call table's faulted column) runs "
+                     "longer than its price" if slow else ""))
         speeds = {r["repeat"]: r["pred_over_meas"] for r in res.get("run_speed", ()) if r["pred_over_meas"]}
         if speeds:
             spread = max(speeds.values()) / min(speeds.values()) - 1
