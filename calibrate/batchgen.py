@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from calibrate.executor import RealRun, prompt_tokens
+from calibrate.executor import RealRun, add_faults, minor_faults, prompt_tokens
 from calibrate.mlxlm_batches import G
 from calibrate.model import LoadedModel, reset_peak
 from policies.mlxlm import MlxLm
@@ -43,13 +43,15 @@ from traces.trace import Trace
 
 @dataclass(frozen=True)
 class Seen:
-    """One model call as the generator made it: its kind, input shape, cache position and capacity, start."""
+    """One model call as the generator made it: its kind, input shape, cache position and capacity,
+    start, and the process's minor page faults at its start (`EventLog.faults`)."""
     kind: str  # "generate", "first" or "prompt"
     rows: int
     tokens: int
     idx: int
     cap: int
     at: float
+    faults: int
 
 
 class CallWatch:
@@ -74,7 +76,7 @@ class CallWatch:
             "generate" if cache is g._generation_batch.prompt_cache else "first"
         c = cache[0]
         self.seen.append(Seen(kind, inputs.shape[0], inputs.shape[1], c._idx,
-                              c.keys.shape[2] if c.keys is not None else 0, at))
+                              c.keys.shape[2] if c.keys is not None else 0, at, minor_faults()))
         return self._model(inputs, cache=cache)
 
 
@@ -110,6 +112,7 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, largest: i
     inserted: dict[str, int] = {}
     idle = 0.0
     foreign = reset_peak(lm)  # this run's peak, as pdsim's executor takes it (`sim.memory` predicts it)
+    state.log.faults = []
     try:
         while not state.done:
             before = state.arrived
@@ -128,15 +131,15 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, largest: i
             state.iteration += 1
             asked = policy.schedule(state)
             watch.seen = []
-            start = clock()
+            start, start_faults = clock(), minor_faults()
             prompt_out, gen_out = gen.next()
             mx.synchronize(gen.stream)
-            end = clock()
+            end, end_faults = clock(), minor_faults()
             work = _observed(state, prompt_out, gen_out, rid_of, done)
             if asked != work:
                 check.policy_mismatches.append(f"iteration {state.iteration}: BatchGenerator ran {work}, "
                                                f"the policy asked for {asked}")
-            _apply(state, work, watch.seen, start, end, check)
+            _apply(state, work, watch.seen, (start, start_faults), (end, end_faults), check)
             for r in gen_out:
                 outputs[rid_of[r.uid]].append(r.token)
                 r.prompt_cache = None  # a finished row's extracted cache: lazy views nobody reads
@@ -145,6 +148,7 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, largest: i
     finally:
         gen.close()
     state.log.peak_memory = float(mx.get_peak_memory() - foreign)
+    add_faults(state.log, state.log.call_count, [])
     return RealRun(state.log, outputs, idle, inserted), check, state.kv.largest
 
 
@@ -174,22 +178,25 @@ def _observed(state: EngineState, prompt_out, gen_out, rid_of: dict[int, str], d
     return work
 
 
-def _apply(state: EngineState, work: list[Work], seen: list[Seen], start: float, end: float,
-           check: RunCheck) -> None:
+def _apply(state: EngineState, work: list[Work], seen: list[Seen], start: tuple[float, int],
+           end: tuple[float, int], check: RunCheck) -> None:
     """Hand the state machine the observed calls at their measured times: a model call lasts to the
     next one's start, the last to the end of `next()`; the joins take no time, before the first
-    forward or prompt call. Each call's shape is checked against what the state expects."""
+    forward or prompt call. Each call's shape is checked against what the state expects, and its
+    page faults are counted the same way (`start` and `end`: `next()`'s time and fault count)."""
     calls = [w for w in work if not isinstance(w, JoinPrompt)]
     kinds = {Generate: "generate", FirstForward: "first", BatchPrefill: "prompt"}
     if [kinds[type(w)] for w in calls] != [s.kind for s in seen]:
         check.shape_mismatches.append(f"iteration {state.iteration}: model calls {[s.kind for s in seen]}, "
                                       f"responses say {[kinds[type(w)] for w in calls]}")
-        seen = [Seen(kinds[type(w)], 0, 0, 0, 0, start) for w in calls]  # keep the log going, untimed
-    marks = [s.at for s in seen] + [end]
+        seen = [Seen(kinds[type(w)], 0, 0, 0, 0, *start) for w in calls]  # keep the log going, untimed
+    marks, faults = [s.at for s in seen] + [end[0]], [s.faults for s in seen] + [end[1]]
     i = 0
     for w in work:
+        before = state.log.call_count
         if isinstance(w, JoinPrompt):
             state.apply(w, marks[i], marks[i])
+            add_faults(state.log, before, [])
             continue
         expected = _expected_shape(state, w)
         got = (seen[i].rows, seen[i].tokens, seen[i].idx, seen[i].cap)
@@ -197,6 +204,7 @@ def _apply(state: EngineState, work: list[Work], seen: list[Seen], start: float,
             check.shape_mismatches.append(f"iteration {state.iteration} {seen[i].kind}: (rows, tokens, idx, cap) "
                                           f"{got}, pdsim's model {expected}")
         state.apply(w, marks[i], marks[i + 1])
+        add_faults(state.log, before, [faults[i + 1] - faults[i]])
         i += 1
 
 

@@ -34,6 +34,16 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def add_faults(log: EventLog, before: int, counts: list[int]) -> None:
+    """Page faults for the calls logged since the log held `before` calls: `counts` on the last
+    of them, 0 on any before those and on calls logged earlier without counts (preemptions)."""
+    added = log.call_count - before
+    log.faults += [0] * (before - len(log.faults))
+    if added > 0:
+        counts = counts[-added:]
+        log.faults += [0] * (added - len(counts)) + counts
+
+
 def prompt_tokens(req: Request, vocab: int) -> list[int]:
     """The request's prompt ids, folded into the model's vocabulary; made up (seeded by id) if absent."""
     if req.prompt_ids is not None:
@@ -98,7 +108,7 @@ class RealEngine:
                 if on_call:
                     on_call(state)
         self.largest = state.kv.largest
-        state.log.faults += [0] * (state.log.call_count - len(state.log.faults))
+        add_faults(state.log, state.log.call_count, [])  # calls logged after the last item
         state.log.peak_memory = float(mx.get_peak_memory() - foreign)
         return RealRun(state.log, self.outputs, idle)
 
@@ -134,14 +144,10 @@ class RealEngine:
 
     def _count_faults(self, log: EventLog, before: int, faults: int, synced: bool) -> None:
         """The faults of the calls an item just logged: a sync's and its step's apart (the state
-        logs the sync only when rows changed), the rest on the item's last call. Calls logged
-        outside an item (preemptions) have none."""
-        now, added = minor_faults(), log.call_count - before
-        log.faults += [0] * (before - len(log.faults))
-        if synced and added == 2:
-            log.faults += [self.sync_faults - faults, now - self.sync_faults]
-        elif added:
-            log.faults += [0] * (added - 1) + [now - faults]
+        logs the sync only when rows changed), the rest on the item's last call."""
+        now = minor_faults()
+        split = synced and log.call_count - before == 2
+        add_faults(log, before, [self.sync_faults - faults, now - self.sync_faults] if split else [now - faults])
 
     def _run_mlx_lm(self, work: Work, state: EngineState) -> None:
         """An mlx-lm call on mlx-lm's batches; a generation step's tokens are the outputs."""

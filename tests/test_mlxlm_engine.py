@@ -128,3 +128,33 @@ def test_pdsim_executor_runs_the_policy_on_mlx_lm_batches(lm):
     chunked = RealEngine(lm).run(AT_ZERO, policies.make("chunked", 16, 4)).outputs
     assert chunked == real.outputs
     assert len({tuple(t) for t in real.outputs.values()}) > 1
+
+
+def test_batch_generators_calls_count_their_own_page_faults(lm):
+    """Driven through mlx-lm's BatchGenerator, every model call counts its minor page faults too
+    (`EventLog.faults`, one per call): here each prompt call first maps 8 MiB of fresh memory, so
+    each logged prompt call has at least a fault per (huge) page of it, and the other calls,
+    which map nothing of the kind, fewer."""
+    from dataclasses import replace
+
+    from calibrate.speed_probe import allocation_seconds
+
+    class FaultingPrompts:
+        """The model, but a prompt call (more than one token a row) maps 8 MiB first."""
+        def __getattr__(self, name):
+            return getattr(lm.model, name)
+
+        def __call__(self, inputs, cache=None):
+            if inputs.shape[1] > 1:
+                allocation_seconds(8 << 20)
+            return lm.model(inputs, cache=cache)
+
+    run, check, _ = run_batch_generator(replace(lm, model=FaultingPrompts()), AT_ZERO,
+                                        dict(policy="mlx-lm", **SETTINGS[0]))
+    calls, faults = run.log.calls, run.log.faults
+    assert check.ok and len(faults) == len(calls) and min(faults) >= 0
+    pages = (8 << 20) // (2 << 20)  # a fault per page at least, huge pages included
+    prompts = [n for c, n in zip(calls, faults) if c.kind == "prompt" and c.tokens > 1]
+    steps = [n for c, n in zip(calls, faults) if c.kind == "generate"]
+    assert prompts and min(prompts) >= pages
+    assert steps and sorted(steps)[len(steps) // 2] < min(prompts)
