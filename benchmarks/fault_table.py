@@ -9,7 +9,6 @@ a model that predicts faults (not yet in pdsim) has to fit. Prints figures; asse
 
     python3 benchmarks/fault_table.py PROFILE.json REPORT.json [REPORT.json ...]
 """
-import json
 import statistics
 import sys
 from collections import defaultdict
@@ -17,7 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.costmodel import cost_model, load_profile  # noqa: E402
+from sim.costmodel import ProfileError, cost_model, load_profile  # noqa: E402
+from sim.errors import UserError  # noqa: E402
+from sim.files import read_json_object  # noqa: E402
 from sim.log import EventLog  # noqa: E402
 from sim.residuals import FAULTED, call_kind, price_call  # noqa: E402
 
@@ -47,7 +48,10 @@ def main(profile: str, reports: list[str]) -> None:
     cost = cost_model(load_profile(profile))
     kinds: dict[str, dict[str, list]] = defaultdict(lambda: {"faulted": [], "clean": []})
     for path in reports:
-        for kind, got in rows(json.loads(Path(path).read_text()), cost).items():
+        report = read_json_object(path, "confirm report", UserError)
+        if not isinstance(report.get("runs"), list) or not isinstance(report.get("results"), list):
+            raise UserError(f"confirm report {path}: no runs and results (is it a `pdsim confirm` report?)")
+        for kind, got in rows(report, cost).items():
             kinds[kind]["faulted"] += got["faulted"]
             kinds[kind]["clean"] += got["clean"]
     med = lambda xs: f"{statistics.median(xs):.2f}" if xs else "-"  # noqa: E731
@@ -64,4 +68,8 @@ def main(profile: str, reports: list[str]) -> None:
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2:])
+    try:
+        main(sys.argv[1], sys.argv[2:])
+    except (UserError, ProfileError) as e:  # a missing or malformed file, or not a report
+        print(f"fault_table: {e}", file=sys.stderr)
+        sys.exit(2)
