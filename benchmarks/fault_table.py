@@ -4,14 +4,17 @@ Confirm runs keep each call's minor page faults (`EventLog.faults`, since stop 3
 every call with the report's profile, at the run's own speed (the median over its calls of
 predicted/measured), and prints per call kind: the calls that faulted at least 1 MiB
 (`sim.residuals.FAULTED`), the MB they faulted, their pred/meas, and their time beyond the price
-per faulted 4 KiB page; beside it, pred/meas of the calls that did not fault. This is the data
-a model that predicts faults (not yet in pdsim) has to fit. Prints figures; asserts nothing.
+per faulted 4 KiB page; beside it, pred/meas of the calls that did not fault. A second table
+splits each kind by whether the state machine expected fresh memory (`Call.fresh`, what the
+cost model prices) and whether the call faulted: the data a model that predicts faults (not yet
+in pdsim) has to fit. Prints figures; asserts nothing.
 
     python3 benchmarks/fault_table.py PROFILE.json REPORT.json [REPORT.json ...]
 """
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,10 +28,25 @@ from sim.residuals import FAULTED, call_kind, price_call  # noqa: E402
 PAGE = 4096
 
 
-def rows(report: dict, cost) -> dict[str, dict[str, list]]:
-    """Per call kind: the faulted calls' (MB, pred/meas, us beyond price per page) and the others' pred/meas."""
+@dataclass
+class Priced:
+    """One real call: its kind, whether the state machine expected fresh memory (`Call.fresh`),
+    the MB it faulted, and predicted/measured at its run's own speed."""
+    kind: str
+    expected: bool
+    mb: float
+    ratio: float
+    beyond_us_per_page: float  # its time beyond its price per faulted page (0 faults: 0)
+
+    @property
+    def faulted(self) -> bool:
+        return self.mb * 1e6 / PAGE >= FAULTED
+
+
+def priced_calls(report: dict, cost) -> list[Priced]:
+    """Every timed call of the report's runs, priced (`rows` of the tables below)."""
     speed = {(r["label"], s["repeat"]): s["pred_over_meas"] for r in report["results"] for s in r.get("run_speed", ())}
-    out: dict[str, dict[str, list]] = defaultdict(lambda: {"faulted": [], "clean": []})
+    out = []
     for run in report["runs"]:
         log = EventLog.from_dict(run["log"])
         at = speed.get((run["label"], run["repeat"])) or 1.0
@@ -36,33 +54,42 @@ def rows(report: dict, cost) -> dict[str, dict[str, list]]:
             if c.kind == "preempt" or c.end <= c.start:
                 continue
             measured, priced = c.end - c.start, price_call(cost, c) / at
-            kind = call_kind(c)
-            if n >= FAULTED:
-                out[kind]["faulted"].append((n * PAGE / 1e6, priced / measured, (measured - priced) / n * 1e6))
-            else:
-                out[kind]["clean"].append(priced / measured)
+            out.append(Priced(call_kind(c), c.fresh > 0, n * PAGE / 1e6, priced / measured,
+                              (measured - priced) / n * 1e6 if n else 0.0))
     return out
+
+
+def median(xs: list[float], digits: int = 2) -> str:
+    return f"{statistics.median(xs):.{digits}f}" if xs else "-"
 
 
 def main(profile: str, reports: list[str]) -> None:
     cost = cost_model(load_profile(profile))
-    kinds: dict[str, dict[str, list]] = defaultdict(lambda: {"faulted": [], "clean": []})
+    calls: list[Priced] = []
     for path in reports:
         report = read_json_object(path, "confirm report", UserError)
         if not isinstance(report.get("runs"), list) or not isinstance(report.get("results"), list):
             raise UserError(f"confirm report {path}: no runs and results (is it a `pdsim confirm` report?)")
-        for kind, got in rows(report, cost).items():
-            kinds[kind]["faulted"] += got["faulted"]
-            kinds[kind]["clean"] += got["clean"]
-    med = lambda xs: f"{statistics.median(xs):.2f}" if xs else "-"  # noqa: E731
+        calls += priced_calls(report, cost)
     print("| call kind | calls | faulted >1 MiB | MB faulted (median, max) | their pred/meas | "
           "us beyond price per page (median) | the others' pred/meas |")
     print("|---|---:|---:|---|---:|---:|---:|")
-    for kind, got in sorted(kinds.items()):
-        f = got["faulted"]
-        mb = f"{statistics.median(x[0] for x in f):.0f}, {max(x[0] for x in f):.0f}" if f else "-"
-        print(f"| {kind} | {len(f) + len(got['clean'])} | {len(f)} | {mb} | {med([x[1] for x in f])} | "
-              f"{med([x[2] for x in f])} | {med(got['clean'])} |")
+    for kind in sorted({c.kind for c in calls}):
+        of = [c for c in calls if c.kind == kind]
+        f = [c for c in of if c.faulted]
+        mb = f"{median([c.mb for c in f], 0)}, {max(c.mb for c in f):.0f}" if f else "-"
+        print(f"| {kind} | {len(of)} | {len(f)} | {mb} | {median([c.ratio for c in f])} | "
+              f"{median([c.beyond_us_per_page for c in f])} | {median([c.ratio for c in of if not c.faulted])} |")
+    print("\n| call kind | fresh expected | faulted >1 MiB | calls | pred/meas median (p10) | MB faulted (median) |")
+    print("|---|---|---|---:|---:|---:|")
+    groups = defaultdict(list)
+    for c in calls:
+        groups[(c.kind, c.expected, c.faulted)].append(c)
+    for (kind, expected, faulted), got in sorted(groups.items()):
+        if any(k == kind and (e or f) for k, e, f in groups):  # kinds the estimate or the kernel says meet fresh memory
+            ratios = sorted(c.ratio for c in got)
+            print(f"| {kind} | {'yes' if expected else 'no'} | {'yes' if faulted else 'no'} | {len(got)} | "
+                  f"{median(ratios)} ({ratios[len(ratios) // 10]:.2f}) | {median([c.mb for c in got], 0)} |")
 
 
 if __name__ == "__main__":
