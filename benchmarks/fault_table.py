@@ -94,7 +94,8 @@ def main(profile: str, reports: list[str]) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) < 3:
-        sys.exit(__doc__)
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
     try:
         main(sys.argv[1], sys.argv[2:])
     except (UserError, ProfileError) as e:  # a missing or malformed file, or not a report
