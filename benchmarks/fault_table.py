@@ -23,7 +23,7 @@ from sim.costmodel import ProfileError, cost_model, load_profile  # noqa: E402
 from sim.errors import UserError  # noqa: E402
 from sim.files import read_json_object  # noqa: E402
 from sim.log import EventLog  # noqa: E402
-from sim.residuals import FAULTED, call_kind, price_call  # noqa: E402
+from sim.residuals import FAULTED, call_kind, price_call, timed_calls  # noqa: E402
 
 PAGE = 4096
 
@@ -50,9 +50,9 @@ def priced_calls(report: dict, cost) -> list[Priced]:
     for run in report["runs"]:
         log = EventLog.from_dict(run["log"])
         at = speed.get((run["label"], run["repeat"])) or 1.0
-        for c, n in zip(log.calls, log.faults or ()):
-            if c.kind == "preempt" or c.end <= c.start:
-                continue
+        if log.faults is None:  # a run from before stop 34
+            continue
+        for c, n in timed_calls(log):
             measured, priced = c.end - c.start, price_call(cost, c) / at
             out.append(Priced(call_kind(c), c.fresh > 0, n * PAGE / 1e6, priced / measured,
                               (measured - priced) / n * 1e6 if n else 0.0))

@@ -9,6 +9,8 @@ and a median over joins would hide it.
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
 from sim.costmodel import MLX_KINDS, CostModel, call_copies
@@ -78,15 +80,19 @@ def price_call(cost: CostModel, c: Call) -> float:
     return price(cost, c.kind, c.tokens, c.prefix, c.contexts, c.batched, c.joined, c.left, c.written, c.fresh)
 
 
+def timed_calls(log: EventLog) -> Iterator[tuple[Call, int | None]]:
+    """Each call of the log that ran for a measurable time (a preemption runs no kernel), with its
+    page faults (None: the run did not count them)."""
+    faults = log.faults if log.faults is not None else [None] * log.call_count
+    for c, n in zip(log.calls, faults):
+        if c.end > c.start and c.kind != "preempt":
+            yield c, n
+
+
 def call_ratios(logs: list[EventLog], cost: CostModel) -> list[tuple[str, str, float]]:
     """(kind, size bucket, predicted/measured) for every call of every log."""
-    out = []
-    for log in logs:
-        for c in log.calls:
-            if c.end > c.start and c.kind != "preempt":
-                out.append((call_kind(c), size_bucket(c.kind, c.tokens, len(c.rids)),
-                            price_call(cost, c) / (c.end - c.start)))
-    return out
+    return [(call_kind(c), size_bucket(c.kind, c.tokens, len(c.rids)), price_call(cost, c) / (c.end - c.start))
+            for log in logs for c, _ in timed_calls(log)]
 
 
 def residual_table(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:
@@ -98,8 +104,8 @@ def residual_table(logs: list[EventLog], cost: CostModel, by_size: bool = True) 
     if counted:
         faulted: dict[tuple[str, str], list[float]] = {}
         for log in counted:
-            for c, n in zip(log.calls, log.faults):
-                if n >= FAULTED and c.end > c.start and c.kind != "preempt":
+            for c, n in timed_calls(log):
+                if n >= FAULTED:
                     bucket = size_bucket(c.kind, c.tokens, len(c.rids)) if by_size else "all"
                     faulted.setdefault((call_kind(c), bucket), []).append(price_call(cost, c) / (c.end - c.start))
         for row in rows:
