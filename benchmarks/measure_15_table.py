@@ -1,7 +1,9 @@
 """The summary table of `benchmarks/measure_15.sh`'s reports: per setting, the probed machine
 speed, the median |relative error| of the six aggregates at the probed speed and at the
 calibration's, and the tails. `python3 benchmarks/measure_15_table.py OUT [FIRST SECOND]`: FIRST and
-SECOND name the two clones under OUT (default A B); the seed and gamma runs are the second's."""
+SECOND name the two clones under OUT (default A B); the seed and gamma runs are the second's.
+`python3 benchmarks/measure_15_table.py REPORT.json...`: the same table for the reports named, then
+each setting's median predicted/measured per call kind."""
 import json
 import statistics
 import sys
@@ -17,11 +19,14 @@ def reports(first: str, second: str) -> dict[str, str]:
 
 
 def main(out: Path, first: str = "A", second: str = "B") -> None:
+    table({name: out / rel for name, rel in reports(first, second).items()})
+
+
+def table(paths: dict[str, Path], by_kind: bool = False) -> None:
     print("| runs | setting | probes' speed, prefill / decode (predicted at) | six aggregates: probed / calibration's | "
           + " | ".join(TAILS) + " |")
     print("|---|---|---|---:|" + "---:|" * len(TAILS))
-    for name, rel in reports(first, second).items():
-        path = out / rel
+    for name, path in paths.items():
         if not path.exists():
             continue
         for r in json.loads(path.read_text())["results"]:
@@ -35,6 +40,17 @@ def main(out: Path, first: str = "A", second: str = "B") -> None:
             print(f"| {name} | {r['label']} | {sp['prefill']:.2f} / {sp['decode']:.2f}{at} | "
                   f"{med(r['rel_error']):.1%} / {med(calib):.1%} | {tails} |")
 
+    if by_kind:
+        print("\n| runs | setting | call kind: calls, median predicted/measured |\n|---|---|---|")
+        for name, path in paths.items():
+            for r in json.loads(path.read_text())["results"] if path.exists() else []:
+                kinds = ", ".join(f"{k['kind']} {k['calls']} @ {k['ratio_median']:.2f}" for k in r["calls_by_kind"])
+                print(f"| {name} | {r['label']} | {kinds} |")
+
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/pdsim-m15"), *sys.argv[2:4])
+    args = sys.argv[1:]
+    if args and args[0].endswith(".json"):
+        table({Path(a).stem: Path(a) for a in args}, by_kind=True)
+    else:
+        main(Path(args[0] if args else "/tmp/pdsim-m15"), *args[1:3])

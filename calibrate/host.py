@@ -27,6 +27,15 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _gpu_name(cpu: str) -> str:
+    """The GPU's own name (an NVIDIA card under CUDA; the chip on a Mac, as its CPU name reads)."""
+    try:
+        name = str(mx.device_info().get("device_name") or "")
+    except (AttributeError, RuntimeError):
+        name = ""
+    return name or cpu
+
+
 def _version(pkg: str) -> str:
     try:
         return version(pkg)
@@ -40,10 +49,11 @@ def host_info() -> dict:
     dev = mx.default_device()
     kind = "gpu" if dev.type == mx.gpu else "cpu"
     cpu = _cpu_name()
+    gpu = _gpu_name(cpu) if kind == "gpu" else None
     cores = os.cpu_count() or 0
     info = {
         "kind": kind,
-        "name": f"{kind} ({cpu}, {cores} cores)" if kind == "cpu" else f"{kind} ({cpu})",
+        "name": f"{kind} ({cpu}, {cores} cores)" if kind == "cpu" else f"{kind} ({gpu})",
         "cpu": cpu,
         "cores": cores,
         "os": f"{platform.system()} {platform.release()}",
@@ -58,5 +68,5 @@ def host_info() -> dict:
     }
     # the BLAS kernels are part of a CPU device: the same CPU on generic kernels runs 5-7x slower
     blas = info["blas"].split(" (core ")[-1].rstrip(")") if " (core " in info["blas"] else info["blas"].split()[0]
-    info["id"] = f"{kind}:{cpu}:{cores}:{blas}" if kind == "cpu" else f"{kind}:{cpu}"
+    info["id"] = f"{kind}:{cpu}:{cores}:{blas}" if kind == "cpu" else f"{kind}:{gpu}"
     return info
