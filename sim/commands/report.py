@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sim.report import make_report
 
 
 def add_parser(sub) -> None:
@@ -25,6 +24,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sim.report import make_report  # altair: imported by the one command that draws
     doc = make_report(args.out, args.sweep, args.confirm, args.profile, args.simulate, args.latency,
                       args.overwrite, not args.no_png)
     print_written(doc, Path(args.out))
