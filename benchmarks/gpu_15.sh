@@ -43,8 +43,9 @@ print("host", host_info())
 EOF
 rc=$?; cat "$W/smoke.log"; pack; [ $rc = 0 ] || exit 1
 
-P="$W/profiles/qwen3-0.6b-gpu.json"
-stage calibrate 300 python3 -m sim.cli calibrate --model qwen3-0.6b --grid "$GRID" -o "$P"
+P="$W/profiles/qwen3-0.6b-gpu.json"  # PROFILE=FILE: confirm with a calibration already made
+if [ -n "${PROFILE:-}" ]; then cp "$PROFILE" "$P"
+else stage calibrate 300 python3 -m sim.cli calibrate --model qwen3-0.6b --grid "$GRID" -o "$P"; fi
 [ -f "$P" ] || exit 1
 python3 -m sim.cli traces gen gamma --num-requests 12 --rate 1.5 --burstiness 1/3 --min-in 9 --max-in 333 \
   --min-out 3 --max-out 21 --seed "$GAMMA_SEED" -o "$W/runs/gamma12.jsonl" > "$W/gen.log" 2>&1

@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 import policies
-from calibrate.gate import chunked_logits_match
+from calibrate.gate import chunked_logits_match, tolerance
 from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
@@ -93,7 +93,8 @@ def gate(prof: dict, trace: Trace, settings: list[dict], engine: str = "pdsim") 
     steps = {s.get("budget") or s.get("prefill_step") for s in settings} - {None}
     steps = {b for b in steps if isinstance(b, int)}  # an auto:MS budget's chunks vary: the default length below
     budgets = sorted({b for b in steps if b < len(prompt)} or {max(1, len(prompt) // 3)})
-    logits = [chunked_logits_match(lm, prompt[:min(len(prompt), 2 * b + 1)], b) for b in budgets]
+    tol = tolerance()
+    logits = [chunked_logits_match(lm, prompt[:min(len(prompt), 2 * b + 1)], b, tol) for b in budgets]
     from calibrate.executor import RealEngine
     real, short = RealEngine(lm), warmup_trace(trace, n=3, outputs=6)
     if engine == "mlx-lm":
