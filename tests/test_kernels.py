@@ -207,3 +207,29 @@ def test_quantized_4bit_prefill():
     assert 0 <= tok < q.vocab_size and logits.shape == (q.vocab_size,)
     assert np.isfinite(np.array(logits)).all()
     assert 0 <= decode_one(q, cache, tok) < q.vocab_size
+
+
+def test_gate_tolerance_follows_the_devices_float32_products(lm):
+    """The gate holds FP32's tolerance where float32 products are float32 (this CPU), and a chunked
+    prefill that computed something else fails it whatever the tolerance."""
+    from calibrate.gate import RTOL, TF32_ERROR, TF32_TOL, chunked_logits_match, matmul_rel_error, tolerance
+    err = matmul_rel_error()
+    assert 0 < err < TF32_ERROR and tolerance() == RTOL
+    ok = chunked_logits_match(lm, prompt(21), 8, tolerance())
+    assert ok["ok"] and ok["tolerance"] == RTOL and ok["max_abs_diff"] < RTOL
+    # chunks run on a cache that already holds 5 tokens (a wrong offset) fail even TF32's tolerance
+    import calibrate.gate as gate
+    real, made = gate.new_cache, []
+
+    def second_shifted(lm_):  # the one-shot prefill's cache is clean, the chunked one's is not
+        cache = real(lm_)
+        if made:
+            gate.prefill_chunk(lm_, cache, prompt(5, seed=9))
+        made.append(cache)
+        return cache
+    try:
+        gate.new_cache = second_shifted
+        bad = chunked_logits_match(lm, prompt(21), 8, TF32_TOL)
+    finally:
+        gate.new_cache = real
+    assert not bad["ok"]
