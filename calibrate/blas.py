@@ -86,9 +86,17 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def on_gpu() -> bool:
+    """Whether MLX runs its kernels on a GPU here (a CUDA build with a GPU): no BLAS of ours then."""
+    import mlx.core as mx
+    return mx.default_device().type == mx.gpu
+
+
 def ensure_fast_blas(argv: list[str]) -> None:
     """On Linux, re-exec this command once with an installed OpenBLAS preloaded (if not already)."""
     if platform.system() != "Linux" or os.environ.get(MARK) or "libopenblas" in os.environ.get("LD_PRELOAD", ""):
+        return
+    if on_gpu():
         return
     lib = find_openblas()
     env = dict(os.environ, **{MARK: "1"})

@@ -1,0 +1,33 @@
+"""The device a measurement names, and the BLAS pdsim preloads only where MLX runs on the CPU."""
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+
+import calibrate.blas as blas  # noqa: E402
+from calibrate import host  # noqa: E402
+
+
+def test_this_cpu_is_named_by_its_cpu_and_blas():
+    info = host.host_info()
+    assert info["kind"] == ("gpu" if blas.on_gpu() else "cpu")
+    if info["kind"] == "cpu":
+        assert info["id"].startswith(f"cpu:{info['cpu']}:{info['cores']}:")
+
+
+def test_a_gpu_is_named_by_mlx_not_by_the_cpu(monkeypatch):
+    monkeypatch.setattr(host.mx, "device_info", lambda: {"device_name": "NVIDIA H200", "architecture": "sm_90"})
+    assert host._gpu_name("Intel Xeon") == "NVIDIA H200"
+    monkeypatch.setattr(host.mx, "device_info", lambda: {})
+    assert host._gpu_name("Apple M4 Pro") == "Apple M4 Pro"  # nothing better: the chip's name
+
+
+def test_no_blas_preload_where_mlx_runs_on_a_gpu(monkeypatch, capsys):
+    monkeypatch.delenv(blas.MARK, raising=False)
+    monkeypatch.setattr(blas.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(blas, "on_gpu", lambda: True)
+
+    def no_exec(*a):
+        raise AssertionError("re-exec on a GPU")
+    monkeypatch.setattr(blas.os, "execve", no_exec)
+    blas.ensure_fast_blas(["calibrate"])
+    assert "OpenBLAS" not in capsys.readouterr().err
