@@ -5,7 +5,6 @@ import argparse
 from pathlib import Path
 
 
-
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "report", help="HTML page (altair, opens offline), PNGs and JSON from sweep/confirm/profile/simulate output",
