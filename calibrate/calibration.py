@@ -14,7 +14,7 @@ from calibrate.model import LoadedModel, build_as_profiled, build_model, weights
 from calibrate.journal import Journal
 from calibrate.memory_fit import fit_memory, model_config
 from calibrate.profiler import merge, run_grid
-from calibrate.speed_probe import PREFILLS, reference_probes, timed_speed
+from calibrate.speed_probe import PREFILLS, dear_page_seconds, reference_probes, timed_speed
 from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
 from sim.costmodel import cost_model, load_profile
 from sim.log import EventLog
@@ -51,7 +51,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
         samples = run_grid(lm, grid, journal, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
         engine = runs.records()
     samples += engine_samples(engine)
-    fitted = fit_profile(samples, seed=seed)
+    fitted = fit_profile(samples, seed=seed, page=dear_page_seconds(reference_probes({"engine_runs": engine})))
     fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
         [EventLog.from_dict(r["log"]) for r in engine if r["part"] == "held_out"])
     fitted["memory"] = fit_memory(samples, dict(lm.config, dtype=lm.dtype), weights_bytes(lm), engine, seed)
@@ -280,7 +280,7 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
         samples = ([s for s in samples if "source" not in s] + derived
                    + [s for s in samples if "source" in s and not engine(s)])
         prof["samples"] = samples
-    new = fit_profile(samples, seed=seed)
+    new = fit_profile(samples, seed=seed, page=dear_page_seconds(reference_probes(prof)))
     if (prof.get("memory") or {}).get("weights_bytes") is not None:  # profiles before it measured no peaks
         new["memory"] = fit_memory(samples, model_config(prof["model"]), prof["memory"]["weights_bytes"],
                                    prof.get("engine_runs") or [], seed)

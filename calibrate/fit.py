@@ -220,11 +220,21 @@ def fit_grow(samples: list[dict], forms: dict[str, Form]) -> float | None:
     return _median_beyond(samples, forms, "written", ("written", "fresh"))
 
 
-def fit_grow_single(samples: list[dict], forms: dict[str, Form]) -> float | None:
+def fit_grow_single(samples: list[dict], forms: dict[str, Form], page: float | None = None) -> float | None:
     """Per token-row a single decode's own growth writes (a request's own cache, fresh memory or
-    not): the median over such decodes of their time beyond their price without copies, per row
-    (None without any). meTile's runs paid 100-980 us a row, a median of about 450, where the
-    batch cache's growths that priced `grow` paid 50-300 (README, stop 32)."""
+    not). With `page`, the price of a page fault the host backs (`speed_probe.dear_page_seconds`),
+    and samples that counted their faults: a row's copy (`grow`) plus the median faults per row written
+    over the faulted samples, at `page` each. Such a growth costs what its faults cost, 2.5-4 us
+    or 10-22 us each (by whether the guest or the host backed them), and the two or three
+    growths a calibration serves met either by chance: 62 us a row in one of round 8's
+    calibrations and 272 in the other, where its confirm runs' worst growths paid 275-555
+    (README, stop 36). Without them: the median over such decodes of their time beyond their
+    price without copies, per row (None without any samples)."""
+    faulted = [s for s in samples if s.get("faults") and s.get("written")]
+    if page is not None and faulted:
+        rows = statistics.median(s["faults"] / s["written"] for s in faulted)
+        k = forms["decode"].copies
+        return (k.copy if k.grow is None else k.grow) + rows * page
     return _median_beyond(samples, forms, "written", ("written", "fresh"))
 
 
@@ -347,9 +357,10 @@ def _context_max(s: dict) -> float:
 HELD_OUT = "held-out:"  # the source of engine-run calls that are never fitted, only priced
 
 
-def fit_profile(samples: list[dict], seed: int = 0) -> dict:
+def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -> dict:
     """The profile's `cost` and `fit` sections; marks held-out samples and fills in `fitted`.
     Calls of held-out engine runs are not fitted: `fit.replay` prices them, by call kind.
+    `page`: seconds a page fault the host backs costs (`fit_grow_single`; None: not probed).
 
     Syncs first (the batch cache's rebuilds, timed on their own in the engine runs): they price a
     KV token-row written and fresh, which the decode and prefill fits then take as known.
@@ -397,7 +408,7 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
     forms = _priced(forms, grow=grow)
     fresh_step = fit_fresh_step(growth, forms)  # beyond the rows' price at `grow`
     forms = _priced(forms, fresh_step=fresh_step)
-    grow_single = fit_grow_single(alone, forms)
+    grow_single = fit_grow_single(alone, forms, page)
     forms = _priced(forms, grow_single=grow_single)
     for s in growth + warm + alone:
         s["held_out"] = False  # fitted on their own, never held out
@@ -428,7 +439,8 @@ def fit_profile(samples: list[dict], seed: int = 0) -> dict:
         pts = pts + [s for s in growth + warm + alone if s["step"] == step]
         for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
             p["fitted"] = float(f)
-    fit = {"errors": errors, "target": TARGET, "uses": cost["use"], "speed_by_round": speed_by_round(samples)}
+    fit = {"errors": errors, "target": TARGET, "uses": cost["use"], "speed_by_round": speed_by_round(samples),
+           **({"page_fault_s": page} if page is not None else {})}
     fit |= noise_of(samples, fit["speed_by_round"])
     if held_runs:
         fit["replay"] = replay_errors(held_runs, forms)

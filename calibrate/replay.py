@@ -96,13 +96,17 @@ def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bo
 
 def samples_from_log(log: EventLog, source: str) -> list[dict]:
     """Every call of a measured run as a calibration sample (the fit's shape fields and seconds)."""
-    return [call_sample(c, source) for c in log.calls if c.kind != "preempt"]  # a preemption runs no kernel
+    faults = log.faults if log.faults is not None else [None] * log.call_count
+    return [call_sample(c, source, n) for c, n in zip(log.calls, faults)
+            if c.kind != "preempt"]  # a preemption runs no kernel
 
 
-def call_sample(c: Call, source: str) -> dict:
-    """One call: the shape fields the fit reads (`calibrate.fit`), its kind and its seconds."""
+def call_sample(c: Call, source: str, faults: int | None = None) -> dict:
+    """One call: the shape fields the fit reads (`calibrate.fit`), its kind, its seconds and the
+    minor page faults it took (where the run counted them)."""
     s = {"source": source, "call": call_kind(c), "bucket": size_bucket(c.kind, c.tokens, len(c.rids)),
-         "seconds": c.end - c.start, "written": c.written, "fresh": c.fresh}
+         "seconds": c.end - c.start, "written": c.written, "fresh": c.fresh,
+         **({"faults": faults} if faults is not None else {})}
     if c.kind == "prompt":  # mlx-lm's calls (`calibrate.mlxlm_fit`)
         return dict(s, step="prompt", rows=len(c.rids), chunk=c.tokens, idx=c.prefix, contexts=list(c.contexts))
     if c.kind in ("first", "generate"):

@@ -95,6 +95,24 @@ def memory_speed(probes: list[dict], reference: list[dict]) -> float | None:
     return statistics.median(then) / statistics.median(now)
 
 
+DEAR_READINGS = 3  # the dearest allocation readings whose median prices a page fault the host serves
+
+
+def dear_page_seconds(probes: list[dict]) -> float | None:
+    """Seconds per page (4 KiB here) that a page fault costs when the host has to back the page: the
+    median of the `DEAR_READINGS` dearest per-page allocation times over `probes` (None with
+    fewer readings, or none timed by today's method). On this Firecracker VM a fault costs
+    2.5-4 us where the guest reuses a page it freed a moment ago and 10-16 us where, it seems,
+    the host has taken the page back (the VM's kernel reports free pages to the host: virtio
+    balloon, `page_reporting_order=11`): the probes read one, the other or a mixture. A single decode's buffer growth paid the dear price in 13 of 18 growths
+    of round 8's meTile runs, and those set the runs' worst gaps (README, stop 36)."""
+    timed = [p for p in probes if p.get("alloc_method") == ALLOC_METHOD and p.get("alloc_bytes")]
+    per_page = sorted(t * mmap.PAGESIZE / p["alloc_bytes"] for p in timed for t in p.get("alloc_s") or ())
+    if len(per_page) < DEAR_READINGS:
+        return None
+    return statistics.median(per_page[-DEAR_READINGS:])
+
+
 def timed_speed(logs: list[EventLog], reference: list[EventLog]) -> MachineSpeed | None:
     """The median over the probes' prefills, and over their decodes, of the calibration's time for
     the same call (the median over its probes, `reference_probes`) over the time now: the machine's

@@ -305,7 +305,7 @@ def check_samples(w: _Where, samples) -> None:
         for key in ("chunk", "batch"):
             if key in s:
                 _whole(w, s[key], f"{f}.{key}", 1)
-        for key in ("prefix", "written", "fresh", "joined", "left", "round", "peak_extra"):
+        for key in ("prefix", "written", "fresh", "joined", "left", "round", "peak_extra", "faults"):
             if key in s:
                 _whole(w, s[key], f"{f}.{key}", 0)
         if step in ("decode", "sync") and "context_max" not in s and "context_sum" not in s:

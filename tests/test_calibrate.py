@@ -1,5 +1,6 @@
 """Calibration on qwen3-tiny: the profile's content, resuming, and bad input."""
 import json
+import mmap
 import statistics
 import subprocess
 import sys
@@ -58,6 +59,10 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     assert all(s["step"] == "sync" for s in engine if s.get("joined") or s.get("left"))  # timed apart from steps
     assert {s["batch"] for s in engine if s.get("left")} >= {1, 2, 3}
     assert any(s["written"] for s in engine if s["step"] == "prefill")
+    assert all(s["faults"] >= 0 for s in engine) and any(s["faults"] for s in engine)  # each call's page faults
+    # the dear page price (`speed_probe.dear_page_seconds`) of the probes' readings, kept in the fit
+    per_page = sorted(t * mmap.PAGESIZE / r["probe"]["alloc_bytes"] for r in prof["engine_runs"] for t in r["probe"]["alloc_s"])
+    assert prof["fit"]["page_fault_s"] == pytest.approx(per_page[-2])
     replay = prof["fit"]["replay"]  # held-out engine runs, each call priced
     assert {r["kind"] for r in replay["by_kind"]} >= {"prefill", "decode", "join"}
     assert sum(r["calls"] for r in replay["by_kind"]) == replay["calls"] > 0

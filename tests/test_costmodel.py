@@ -1,12 +1,15 @@
 """The cost model's forms and their fit: what a profile says is what the simulator charges."""
 import json
+import mmap
 import random
+import statistics
 
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 from calibrate.fit import fit_copies, fit_form, fit_profile
+from calibrate.speed_probe import ALLOC_METHOD, dear_page_seconds
 from sim.costmodel import Curve, LinearCostModel, ProfileError, cost_model, is_gather, kv_copies, load_profile
 from sim.residuals import price
 
@@ -219,6 +222,40 @@ def test_a_single_decodes_own_growth_has_one_price_fresh_or_not():
     assert "grow_single" not in fit_profile(pre + dec + grows + warm + syncs)["cost"]
     assert price(cost_model({"cost": {k: v for k, v in cost.items() if k != "grow_single"}}), "decode", 1, 0, [257],
                  False, 0, 0, 512, 0) == pytest.approx(lone + 9e-5 * 512, rel=0.02)  # older profiles: `grow`
+
+
+def test_a_single_growth_that_counted_its_faults_is_priced_at_the_dear_page():
+    """Given the dear page price (`page`), a single decode's own growth costs a row's copy
+    (`grow`) plus the median faults per row of the growths that counted theirs, each at that
+    price: not what the growths happened to pay (here one met pages the guest had just freed, at
+    a tenth of the price). Growths without fault counts keep the median beyond their price."""
+    grows = [{"step": "decode", "batch": 1, "context_max": M, "written": M + 256, "fresh": M + 256} for M in (100, 180)]
+    warm = [{"step": "decode", "batch": 2, "context_max": 88, "written": 688, "fresh": 0}]
+    pre, dec, syncs = _timed_at_growth_truth(grows, warm)
+    lone, page = GROWTH_TRUTH.decode([257], True), 1.2e-5
+    alone = [{"step": "decode", "batch": 1, "contexts": [257], "context_max": 257, "single": True, "written": 512,
+              "fresh": 0, "faults": n, "seconds": lone + 9e-5 * 512 + n * cost}
+             for n, cost in ((10_000, 1.2e-6), (15_000, page), (0, 0.0))]
+    fit = fit_profile(pre + dec + grows + warm + alone + syncs, page=page)
+    rows = statistics.median([10_000 / 512, 15_000 / 512])  # the growth that faulted nothing has no say
+    assert fit["cost"]["grow_single"] == pytest.approx(9e-5 + rows * page, rel=0.05)
+    assert fit["fit"]["page_fault_s"] == page
+    cheap = (alone[0]["seconds"] - lone) / 512
+    assert fit_profile(pre + dec + grows + warm + alone + syncs)["cost"]["grow_single"] < 0.5 * fit["cost"]["grow_single"]
+    no_counts = [{k: v for k, v in s.items() if k != "faults"} for s in alone]
+    assert fit_profile(pre + dec + grows + warm + no_counts + syncs, page=page)["cost"]["grow_single"] == \
+        pytest.approx(cheap, rel=0.05)  # the median growth's
+
+
+def test_the_dear_page_is_the_median_of_the_dearest_probe_readings():
+    """`dear_page_seconds`: per 4 KiB page, the median of the three dearest allocation readings
+    over the probes timed by today's method; None with fewer than three."""
+    pages = (64 << 20) // mmap.PAGESIZE
+    probe = lambda *us, method=ALLOC_METHOD: {"alloc_s": [u * 1e-6 * pages for u in us], "alloc_bytes": 64 << 20,
+                                              "alloc_method": method}
+    assert dear_page_seconds([probe(2.5, 11.0), probe(12.0, 2.6), probe(15.0, 3.0)]) == pytest.approx(12e-6)
+    assert dear_page_seconds([probe(2.5, 11.0), probe(40.0, method="mlx")]) is None
+    assert dear_page_seconds([]) is None
 
 
 def test_an_engine_runs_one_off_call_sets_no_knot_of_the_curve():

@@ -187,7 +187,9 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
         ms, size = statistics.median(t for p in probes for t in p["alloc_s"]) * 1e3, probes[0]["alloc_bytes"]
         print(f"  fresh memory: {size >> 20} MiB mapped and touched in {ms:.0f} ms ({ms * 1e3 * 4096 / size:.1f} us "
               f"a 4 KiB page; median of {sum(len(p['alloc_s']) for p in probes)} probes; confirm reports its speed "
-              "against this)")
+              "against this)"
+              + (f"; a fault the host backs: {prof['fit']['page_fault_s'] * 1e6:.1f} us a page (the dearest probes), "
+                 "the price of a single decode's growth" if prof["fit"].get("page_fault_s") is not None else ""))
     if "replay" in prof["fit"]:
         report_replay(prof["fit"]["replay"])
     report_memory(prof.get("memory"))
