@@ -11,6 +11,15 @@ from pathlib import Path
 
 SIX = ["decode_gap_p50_ms", "decode_gap_p95_ms", "p50_ttft_ms", "p95_ttft_ms", "output_throughput", "makespan_s"]
 TAILS = ["decode_gap_max_ms", "max_itl_ms", "p99_itl_ms"]
+SIX_TARGET, TAIL_TARGET = 0.05, 0.10  # issue 15: the six's median |error|; max gap and max ITL each
+
+
+def holds(err: dict) -> bool:
+    """Issue 15's three targets at once: the six within 5% (median |error|), max gap and max ITL within 10%."""
+    return (statistics.median(abs(err[k]) for k in SIX) <= SIX_TARGET
+            and max(abs(err["decode_gap_max_ms"]), abs(err["max_itl_ms"])) <= TAIL_TARGET)
+
+
 def reports(first: str, second: str) -> dict[str, str]:
     return {"tune 1": f"{first}/runs/tune-qwen3-0.6b-cpu/confirm.json",
             "tune 2": f"{second}/runs/tune-qwen3-0.6b-cpu/confirm.json",
@@ -24,8 +33,9 @@ def main(out: Path, first: str = "A", second: str = "B") -> None:
 
 def table(paths: dict[str, Path], by_kind: bool = False) -> None:
     print("| runs | setting | probes' speed, prefill / decode (predicted at) | six aggregates: probed / calibration's | "
-          + " | ".join(TAILS) + " |")
-    print("|---|---|---|---:|" + "---:|" * len(TAILS))
+          + " | ".join(TAILS) + " | holds |")
+    print("|---|---|---|---:|" + "---:|" * len(TAILS) + "---|")
+    held = []
     for name, path in paths.items():
         if not path.exists():
             continue
@@ -37,8 +47,10 @@ def table(paths: dict[str, Path], by_kind: bool = False) -> None:
             tails = " | ".join(f"{r['rel_error'][k]:+.0%} ({calib[k]:+.0%})" for k in TAILS)
             at = r["machine_speed"].get("predicted_at")  # since stop 31: partway to the probes' speed
             at = f" ({at['prefill']:.2f} / {at['decode']:.2f})" if at else ""
+            held.append(holds(r["rel_error"]))
             print(f"| {name} | {r['label']} | {sp['prefill']:.2f} / {sp['decode']:.2f}{at} | "
-                  f"{med(r['rel_error']):.1%} / {med(calib):.1%} | {tails} |")
+                  f"{med(r['rel_error']):.1%} / {med(calib):.1%} | {tails} | {'yes' if held[-1] else 'no'} |")
+    print(f"\nall three targets held: {sum(held)} of {len(held)} settings")
 
     if by_kind:
         print("\n| runs | setting | call kind: calls, median predicted/measured |\n|---|---|---|")

@@ -112,7 +112,8 @@ def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, s
     growth (a request's own cache, 256 -> 512 tokens) has one price per row, `grow_single`, where
     the profile has one: measured on meTile's runs it cost 100-980 us a row, a median of about 450,
     as much where the array was larger than any before as where it was not (README, stop 32), and
-    the batch cache's growths cost 50-300."""
+    the batch cache's growths cost 50-300. What it costs is its page faults (since stop 36 the fit
+    prices them at the dear page: `calibrate.fit.fit_grow_single`)."""
     if grow and single and cost.grow_single is not None:
         return cost.grow_single * written
     per_row = cost.gather if gather and cost.gather is not None else cost.copy
