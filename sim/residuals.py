@@ -24,7 +24,7 @@ KINDS = ("prefill", "decode", "single", "join", "leave", "grow", "prompt", "firs
 def call_kind(c: Call) -> str:
     """prefill; decode (a steady batch step); single (a request on its own cache); join or leave
     (the batch cache rebuilt: a sync call, or a decode of a log from before syncs were calls);
-    grow (a step whose buffer grew: a copy). mlx-lm's calls: prompt, first, generate, and merge (a
+    grow (a step whose buffer grew, a single decode's own cache too: a copy). mlx-lm's calls: prompt, first, generate, and merge (a
     generation step that pays the batch's lazy rebuild: rows joined or left since the last step,
     or its buffer grew)."""
     if c.kind == "prefill":
@@ -34,7 +34,7 @@ def call_kind(c: Call) -> str:
     if c.kind == "generate":
         return "merge" if c.written else "generate"
     if not c.batched:
-        return "single"
+        return "grow" if c.written else "single"
     if c.joined:
         return "join"
     if c.left:
