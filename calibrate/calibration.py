@@ -13,7 +13,7 @@ from calibrate.host import host_info
 from calibrate.model import LoadedModel, build_as_profiled, build_model, weights_bytes
 from calibrate.journal import Journal
 from calibrate.memory_fit import fit_memory, model_config
-from calibrate.profiler import merge, run_grid
+from calibrate.profiler import merge, run_grid, typical_time
 from calibrate.speed_probe import PREFILLS, dear_page_seconds, reference_probes, timed_speed
 from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
 from sim.costmodel import cost_model, load_profile
@@ -270,6 +270,8 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
     if prof.get("engine") == "mlx-lm":
         from calibrate.mlxlm_calibration import refit_mlx_lm
         return refit_mlx_lm(prof, seed)
+    samples = [dict(s, seconds=typical_time(s["times"])) if "source" not in s and len(s.get("times") or ()) > 1
+               else s for s in samples]  # a grid point's time from its rounds by today's rule
     if prof.get("engine_runs"):  # in the order calibrate writes them: grid, engine runs, then any others
         engine = lambda s: s.get("source", "").startswith(("engine:", HELD_OUT))
         try:
@@ -279,7 +281,7 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
                             f"replayed ({type(e).__name__}: {e})") from None
         samples = ([s for s in samples if "source" not in s] + derived
                    + [s for s in samples if "source" in s and not engine(s)])
-        prof["samples"] = samples
+    prof["samples"] = samples
     new = fit_profile(samples, seed=seed, page=dear_page_seconds(reference_probes(prof)))
     if (prof.get("memory") or {}).get("weights_bytes") is not None:  # profiles before it measured no peaks
         new["memory"] = fit_memory(samples, model_config(prof["model"]), prof["memory"]["weights_bytes"],

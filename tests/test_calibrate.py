@@ -17,7 +17,7 @@ from calibrate.model import build_model
 from calibrate.kernels import DecodeBatch
 from calibrate.speed_probe import SETTING
 from calibrate.worker import warmup_trace
-from calibrate.profiler import ONCE, batch_cache, master_cache, run_grid, sliced
+from calibrate.profiler import ONCE, batch_cache, master_cache, run_grid, sliced, typical_time
 from sim.costmodel import LinearCostModel, cost_model, load_profile
 from sim.errors import UserError
 from sim.noise import MIN_CALLS, POINTS
@@ -94,6 +94,16 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     assert again["cost"]["prefill"]["coef"] == prof["cost"]["prefill"]["coef"]
     assert again["fit"]["noise"] == prof["fit"]["noise"]
     assert again["samples"] == json.loads(out.read_text())["samples"] and again["refit_of"] == str(out)
+    # of a point's two rounds, one 1.5x the other or more (another process ran): the faster sets its time
+    doc = json.loads(out.read_text())
+    point = next(s for s in doc["samples"] if "source" not in s and s["step"] == "prefill")
+    point.update(times=[3 * point["seconds"], point["seconds"]], seconds=2 * point["seconds"])
+    (tmp_path / "spiked.json").write_text(json.dumps(doc))
+    code, _, err = pdsim("calibrate", "--refit", str(tmp_path / "spiked.json"), "-o", str(tmp_path / "despiked.json"))
+    assert code == 0, err
+    refitted_point = next(s for s in load_profile(tmp_path / "despiked.json")["samples"] if s.get("key") == point["key"])
+    assert refitted_point["seconds"] == point["times"][1]
+    assert typical_time([1.0, 1.4]) == pytest.approx(1.2) and typical_time([3.0, 1.0, 1.1]) == 1.1
     # an existing profile is not overwritten
     code, _, err = pdsim("calibrate", "--model", "qwen3-tiny", "--grid", "tiny", "-o", str(out))
     assert code == 2 and "exists" in err
