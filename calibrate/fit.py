@@ -223,8 +223,8 @@ def fit_grow(samples: list[dict], forms: dict[str, Form]) -> float | None:
 def fit_grow_single(samples: list[dict], forms: dict[str, Form], page: float | None = None) -> float | None:
     """Per token-row a single decode's own growth writes (a request's own cache, fresh memory or
     not). With `page`, the price of a page fault the host backs (`speed_probe.dear_page_seconds`),
-    and samples that counted their faults: a row's copy (`grow`) plus the median faults per row written
-    over the faulted samples, at `page` each. Such a growth costs what its faults cost, 2.5-4 us
+    and samples that counted their faults: a row's copy (`grow`) plus the median faults per row
+    written over the faulted samples, at `page` each. Such a growth costs what its faults cost, 2.5-4 us
     or 10-22 us each (by whether the guest or the host backed them), and the two or three
     growths a calibration serves met either by chance: 62 us a row in one of round 8's
     calibrations and 272 in the other, where its confirm runs' worst growths paid 275-555

@@ -104,8 +104,9 @@ def dear_page_seconds(probes: list[dict]) -> float | None:
     fewer readings, or none timed by today's method). On this Firecracker VM a fault costs
     2.5-4 us where the guest reuses a page it freed a moment ago and 10-16 us where, it seems,
     the host has taken the page back (the VM's kernel reports free pages to the host: virtio
-    balloon, `page_reporting_order=11`): the probes read one, the other or a mixture. A single decode's buffer growth paid the dear price in 13 of 18 growths
-    of round 8's meTile runs, and those set the runs' worst gaps (README, stop 36)."""
+    balloon, `page_reporting_order=11`): the probes read one, the other or a mixture. A single
+    decode's buffer growth paid the dear price in 13 of 18 growths of round 8's meTile runs,
+    and those set the runs' worst gaps (README, stop 36)."""
     timed = [p for p in probes if p.get("alloc_method") == ALLOC_METHOD and p.get("alloc_bytes")]
     per_page = sorted(t * mmap.PAGESIZE / p["alloc_bytes"] for p in timed for t in p.get("alloc_s") or ())
     if len(per_page) < DEAR_READINGS:

@@ -24,9 +24,9 @@ KINDS = ("prefill", "decode", "single", "join", "leave", "grow", "prompt", "firs
 def call_kind(c: Call) -> str:
     """prefill; decode (a steady batch step); single (a request on its own cache); join or leave
     (the batch cache rebuilt: a sync call, or a decode of a log from before syncs were calls);
-    grow (a step whose buffer grew, a single decode's own cache too: a copy). mlx-lm's calls: prompt, first, generate, and merge (a
-    generation step that pays the batch's lazy rebuild: rows joined or left since the last step,
-    or its buffer grew)."""
+    grow (a step whose buffer grew, a single decode's own cache too: a copy). mlx-lm's calls:
+    prompt, first, generate, and merge (a generation step that pays the batch's lazy rebuild:
+    rows joined or left since the last step, or its buffer grew)."""
     if c.kind == "prefill":
         return "prefill"
     if c.kind in ("prompt", "first"):
