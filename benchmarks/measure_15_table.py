@@ -63,6 +63,7 @@ def table(paths: dict[str, Path], by_kind: bool = False) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args and args[0].endswith(".json"):
-        table({Path(a).stem: Path(a) for a in args}, by_kind=True)
+        stems = [Path(a).stem for a in args]  # two tunes' reports are both "confirm": named by their path then
+        table({(a if stems.count(Path(a).stem) > 1 else Path(a).stem): Path(a) for a in args}, by_kind=True)
     else:
         main(Path(args[0] if args else "/tmp/pdsim-m15"), *args[1:3])
