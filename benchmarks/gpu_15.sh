@@ -5,6 +5,7 @@
 # fresh quick calibration and two confirms with it: the gamma workload (chunked b32 and
 # eager, batch 4; a report each) and the tiny-llm seed experiment. Every stage runs under what is left of
 # BUDGET_S, and the results are packed after each one, so whatever was measured comes back.
+# GRAPHS=0 runs every stage without MLX's CUDA graphs (the profile's device id then says so).
 # Results: $OUT/gpu15.tgz (profile, reports, runs, logs); the summary table is printed last.
 set -u
 OUT=${OUT:-/tmp/pdsim-gpu}; PAYLOAD=${PAYLOAD:-.gpu}; BUDGET_S=${BUDGET_S:-540}
@@ -22,6 +23,7 @@ stage() {  # stage NAME MAX_S CMD...: run CMD under min(MAX_S, what is left - 15
   echo "== $name rc=$rc after $(( $(date +%s) - T0 )) s"; tail -n 4 "$W/$name.log"; pack; return $rc
 }
 export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=5
+[ -n "${GRAPHS:-}" ] && export MLX_USE_CUDA_GRAPHS=$GRAPHS
 
 if [ "$SKIP_INSTALL" != 1 ]; then
   SITE=$(python3 -c 'import site; print(site.getsitepackages()[0])')
@@ -56,4 +58,7 @@ done
 stage tinyllm 200 python3 -m sim.cli confirm --profile "$P" --trace tinyllm --min-in 16 --max-in 128 \
   --min-out 8 --max-out 8 --policy chunked --budget 8 32 128 --batch-size 4 --repeats "$REPEATS" \
   -o "$W/runs/confirm-tinyllm.json"
+stage metile 150 python3 -m sim.cli confirm --profile "$P" --trace metile --prompt-len 256 --output-len 32 \
+  --setting fifo eager chunked:budget=16,order=decode-first --decode single --repeats "$REPEATS" \
+  -o "$W/runs/confirm-metile.json"
 python3 benchmarks/measure_15_table.py "$W"/runs/confirm-*.json | tee "$W/table.md"; pack

@@ -36,6 +36,15 @@ def _gpu_name(cpu: str) -> str:
     return name or cpu
 
 
+def _gpu_id(gpu: str) -> str:
+    """A GPU's id, with MLX's CUDA-graph switch where it is set: on an H200 it moves a decode step's
+    time between modes (about 4 and 6-7 ms with graphs, 7.2-7.8 ms steady without), so a profile
+    timed one way prices the other wrongly."""
+    import os
+    graphs = os.environ.get("MLX_USE_CUDA_GRAPHS")
+    return f"gpu:{gpu}" if graphs is None else f"gpu:{gpu}:cuda_graphs={graphs}"
+
+
 def _version(pkg: str) -> str:
     try:
         return version(pkg)
@@ -68,5 +77,5 @@ def host_info() -> dict:
     }
     # the BLAS kernels are part of a CPU device: the same CPU on generic kernels runs 5-7x slower
     blas = info["blas"].split(" (core ")[-1].rstrip(")") if " (core " in info["blas"] else info["blas"].split()[0]
-    info["id"] = f"{kind}:{cpu}:{cores}:{blas}" if kind == "cpu" else f"{kind}:{gpu}"
+    info["id"] = f"{kind}:{cpu}:{cores}:{blas}" if kind == "cpu" else _gpu_id(gpu)
     return info

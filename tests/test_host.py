@@ -21,6 +21,13 @@ def test_a_gpu_is_named_by_mlx_not_by_the_cpu(monkeypatch):
     assert host._gpu_name("Apple M4 Pro") == "Apple M4 Pro"  # nothing better: the chip's name
 
 
+def test_a_gpu_timed_without_cuda_graphs_is_another_device(monkeypatch):
+    monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)
+    assert host._gpu_id("NVIDIA H200") == "gpu:NVIDIA H200"
+    monkeypatch.setenv("MLX_USE_CUDA_GRAPHS", "0")
+    assert host._gpu_id("NVIDIA H200") == "gpu:NVIDIA H200:cuda_graphs=0"
+
+
 def test_no_blas_preload_where_mlx_runs_on_a_gpu(monkeypatch, capsys):
     monkeypatch.delenv(blas.MARK, raising=False)
     monkeypatch.setattr(blas.platform, "system", lambda: "Linux")
