@@ -30,14 +30,32 @@ def _hats(sizes: list[int]) -> list[Curve]:
     return [Curve(tuple(sizes), tuple(float(i == k) for i in range(len(sizes)))) for k in range(len(sizes))]
 
 
-def _terms(step: str, s: dict, knot: float) -> list[float]:
+def _terms(step: str, s: dict, knot: float, counted: bool = False) -> list[float]:
     """The physical terms besides dense(n): prompt rows*L*(idx + L) and rows*idx; a step
-    batch*(c*min(x, knot) + e*max(0, x - knot)), a first forward's constant, KV copies."""
+    batch*(c*min(x, knot) + e*max(0, x - knot)), a first forward's constant, KV copies, and
+    where every call that writes counted them, its page faults."""
     if step == "prompt":
         return [s["rows"] * s["chunk"] * (s["idx"] + s["chunk"]), s["rows"] * s["idx"]]
     x, b = s["context_max"], s["batch"]
     att = [b * min(x, knot), b * max(0.0, x - knot)] if knot < np.inf else [b * x]
-    return att + [float(bool(s.get("first"))), s.get("written", 0), s.get("fresh", 0)]
+    faults = [s.get("faults", 0)] if counted else []
+    return att + [float(bool(s.get("first"))), s.get("written", 0), s.get("fresh", 0)] + faults
+
+
+def counts_faults(samples: list[dict]) -> bool:
+    """Whether every sample that wrote KV rows counted its page faults (calibrations since stop 37;
+    before, a grid merge's faults were priced as its rows' copy)."""
+    return any(s.get("written") for s in samples) and all("faults" in s for s in samples if s.get("written"))
+
+
+def expected_faults(samples: list[dict], first: bool) -> float:
+    """Page faults per token-row written that the engine's own calls of a kind take (first
+    forwards, or the other steps), over the calibration's engine runs: a timed grid point starts
+    from an empty buffer cache and faults in all it builds, while most of the engine's merges
+    reuse freed buffers (qwen3-0.6b: 0.6-2.7 faults a row, against 56 pages a row)."""
+    calls = [s for s in samples if s.get("source", "").startswith("engine:") and s.get("written")
+             and bool(s.get("first")) == first and "faults" in s]
+    return sum(s["faults"] for s in calls) / sum(s["written"] for s in calls) if calls else 0.0
 
 
 def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0, 0.0), tile: int = 0) -> MlxLmCosts:
@@ -56,7 +74,8 @@ def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0,
     steps = np.tril(np.ones((n, n))) if step == "prompt" else np.eye(n)  # knot k's value: the steps up to it
     H = np.array([[h(_size(step, s)) for h in hats] for s in samples]) @ steps
     rem = (lambda s: _remainder(_size(step, s), tile)) if step == "prompt" else (lambda s: [])
-    X = np.hstack([H, np.array([_terms(step, s, knot) + rem(s) for s in samples])])
+    counted = step == "generate" and counts_faults(samples)
+    X = np.hstack([H, np.array([_terms(step, s, knot, counted) + rem(s) for s in samples])])
     y = np.array([s["seconds"] for s in samples])
     known = np.array([copies[0] * s.get("written", 0) + copies[1] * s.get("fresh", 0) for s in samples])
     x = _nnls(X, y, y - known if step == "prompt" else y)
@@ -66,9 +85,11 @@ def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0,
         return MlxLmCosts((0.0, 0.0, rest[0], rest[1]), (0.0, 0.0, 0.0, 0.0), prompt_dense=dense,
                           prompt_tile=tile, prompt_rem=tuple(rest[2:5]) if tile else (0.0, 0.0, 0.0),
                           copy=copies[0], fresh=copies[1])
-    att, first, copy, fresh = (rest[:2], *rest[2:]) if knot < np.inf else ([rest[0], rest[0]], *rest[1:])
+    att, rest = (rest[:2], rest[2:]) if knot < np.inf else ([rest[0], rest[0]], rest[1:])
+    first, copy, fresh, page = (*rest, 0.0) if not counted else rest
     return MlxLmCosts((0.0, 0.0, 0.0, 0.0), (0.0, 0.0, att[0], att[1]), step_dense=dense, knot=knot, first=first,
-                      copy=copy, fresh=fresh)
+                      copy=copy + page * expected_faults(samples, False), fresh=fresh,
+                      first_copy=copy + page * expected_faults(samples, True) if counted else None)
 
 
 def pick_tile(samples: list[dict], copies: tuple[float, float]) -> int:
@@ -79,7 +100,8 @@ def pick_tile(samples: list[dict], copies: tuple[float, float]) -> int:
 
 
 def price(m: MlxLmCosts, step: str, samples: list[dict]) -> np.ndarray:
-    copies = np.array([m.copy * s.get("written", 0) + m.fresh * s.get("fresh", 0) for s in samples])
+    copies = np.array([m.copies("first" if s.get("first") else step, s.get("written", 0), s.get("fresh", 0))
+                       for s in samples])
     if step == "prompt":
         return copies + np.array([m.prompt(s["rows"], s["chunk"], s["idx"]) for s in samples])
     return copies + np.array([m.step([s["context_max"]] * s["batch"]) + (m.first if s.get("first") else 0.0)
@@ -128,6 +150,7 @@ def fit_mlx_lm(samples: list[dict], iteration: float, seed: int = 0) -> dict:
         "generate": {"form": MLX_STEP_FORM, "coef": list(g.step_coef), "dense": _pairs(g.step_dense),
                      **({"knot": g.knot} if g.knot < np.inf else {}), "first": g.first},
         "copy": g.copy, "fresh": g.fresh, "iteration": iteration,
+        **({"first_copy": g.first_copy} if g.first_copy is not None else {}),
     }
     fit = {"errors": errors, "target": TARGET, "speed_by_round": speed_by_round(samples)}
     fit |= noise_of(samples, fit["speed_by_round"])
@@ -149,7 +172,8 @@ def replay_errors(calls: list[dict], section: dict) -> dict:
     """Calls of BatchGenerator runs the fit has not seen, priced: predicted/measured by kind and size."""
     m = cost_of(section).mlx
     ratios = [(s["call"], s["bucket"], float(price(m, s["step"], [s])[0] / s["seconds"])) for s in calls]
-    copy = sum(m.copy * s.get("written", 0) + m.fresh * s.get("fresh", 0) for s in calls)
+    copy = sum(m.copies("first" if s.get("first") else s["step"], s.get("written", 0), s.get("fresh", 0))
+               for s in calls)
     return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
             "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0)}
 

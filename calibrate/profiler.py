@@ -239,6 +239,9 @@ def combine(visits: list[dict]) -> dict:
     peaks = [v["peak_extra"] for v in visits if "peak_extra" in v]
     if peaks:  # the same shape allocates the same bytes each round; the median guards a stray one
         out["peak_extra"] = int(statistics.median(peaks))
+    faults = [v["faults"] for v in visits if "faults" in v]
+    if faults:  # as its time: a typical round's
+        out["faults"] = int(statistics.median(faults))
     for k in ("context_sum", "context_max"):
         if k in out:
             out[k] = statistics.fmean(v[k] for v in visits)

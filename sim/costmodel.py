@@ -180,6 +180,14 @@ class MlxLmCosts:
     iteration: float = 0.0  # host work between two next() calls
     prompt_tile: int = 0  # rows*L beyond a multiple of this run slower kernels (0: no such term)
     prompt_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the call]
+    first_copy: float | None = None  # per token-row a first forward writes (None: `copy`)
+
+    def copies(self, kind: str, written: int, fresh: int) -> float:
+        """A call's KV copies. A row's price holds the page faults the engine's calls of its kind
+        take per row on average (`calibrate.mlxlm_fit.expected_faults`): a first forward builds
+        new caches, a merge mostly reuses freed buffers."""
+        per_row = self.first_copy if kind == "first" and self.first_copy is not None else self.copy
+        return per_row * written + self.fresh * fresh
 
     def prompt(self, rows: int, tokens: int, idx: int) -> float:
         a, b, c, d = self.prompt_coef
@@ -240,7 +248,7 @@ class LinearCostModel:
                 dense, c, d = self._prefill_terms(len(contexts) * tokens)
                 return t + dense + len(contexts) * (c * tokens * (idx + tokens / 2) + d * idx)
             return t + self.decode(contexts)
-        t = m.copy * written + m.fresh * fresh
+        t = m.copies(kind, written, fresh)
         if kind == "prompt":
             return t + m.prompt(len(contexts), tokens, idx)
         return t + m.step(contexts) + (m.first if kind == "first" else 0.0)
@@ -468,7 +476,8 @@ def mlx_lm_costs(m: dict) -> MlxLmCosts:
     return MlxLmCosts(tuple(map(float, pr["coef"])), tuple(map(float, st["coef"])), Curve.from_pairs(pr.get("dense")),
                       Curve.from_pairs(st.get("dense")), float(st.get("knot") or "inf"), float(st.get("first", 0.0)),
                       float(m.get("copy", 0.0)), float(m.get("fresh", 0.0)), float(m.get("iteration", 0.0)),
-                      int(pr.get("tile", 0)), tuple(map(float, pr.get("remainder", (0.0, 0.0)))))
+                      int(pr.get("tile", 0)), tuple(map(float, pr.get("remainder", (0.0, 0.0)))),
+                      None if m.get("first_copy") is None else float(m["first_copy"]))
 
 
 def _triple(v) -> tuple[float, float, float]:

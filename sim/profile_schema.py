@@ -254,8 +254,8 @@ def check_mlx_lm(w: _Where, m: dict) -> None:
             raise w.fail("cost.mlx_lm.generate.knot", "must be a context > 0")
     if "first" in gen:
         _cost(w, gen["first"], "cost.mlx_lm.generate.first")
-    for key in ("copy", "fresh", "iteration"):
-        if key in m:
+    for key in ("copy", "fresh", "iteration", "first_copy"):
+        if m.get(key) is not None:
             _cost(w, m[key], f"cost.mlx_lm.{key}")
 
 

@@ -54,3 +54,24 @@ def test_a_prompt_curve_never_falls_a_generation_curve_may():
     m = fit_step("generate", steps)
     assert m.step([400] * 7) > m.step([400] * 8)
     assert price(m, "generate", steps) == pytest.approx([s["seconds"] for s in steps], rel=0.02)
+
+
+def test_merge_rows_are_priced_at_the_engines_faults_not_the_grids():
+    """Grid merges start from an empty buffer cache and fault in every page they build; the
+    engine's merges mostly reuse freed buffers. With fault counts, a written row costs its copy
+    plus the engine's own faults per row at the fitted page price, not the grid's."""
+    copy, page = 30e-6, 10e-6
+    step = lambda b, x: 0.3 + 0.02 * b + 1e-5 * b * x
+    steps = [{"step": "generate", "batch": b, "context_max": x, "seconds": step(b, x)}
+             for b in range(1, 9) for x in (100, 400, 800)]
+    grid = [{"step": "generate", "batch": b, "context_max": x, "joined": 1, "written": b * x, "faults": 56 * b * x,
+             "seconds": step(b, x) + (copy + 56 * page) * b * x} for b in (2, 4, 6) for x in (300, 600)]
+    engine = [{"step": "generate", "source": "engine:spread", "batch": b, "context_max": x, "joined": 1,
+               "written": w, "faults": f, "seconds": step(b, x) + copy * w + page * f}
+              for b, x, w, f in ((2, 150, 500, 2000), (3, 160, 900, 0), (4, 170, 1400, 1000), (4, 200, 2000, 0))]
+    m = fit_step("generate", steps + grid + engine)
+    per_row = 3000 / 4800  # the engine runs' faults per row written
+    assert m.copy == pytest.approx(copy + page * per_row, rel=0.05)
+    # the same samples with no fault counts (profiles before stop 37): the grid's faults priced as copies
+    old = fit_step("generate", [{k: v for k, v in s.items() if k != "faults"} for s in steps + grid + engine])
+    assert old.first_copy is None and old.copy > 5 * m.copy
