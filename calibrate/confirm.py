@@ -24,7 +24,7 @@ from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
 from calibrate.replay import relogged
-from calibrate.speed_probe import memory_speed, probe_engine, probe_speed, reference_probes, timed_speed
+from calibrate.speed_probe import memory_speed, page_price, probe_engine, probe_speed, reference_probes, timed_speed
 from calibrate.confirm_runs import RunsFolder, finished_run, model_spec, runs_manifest
 from calibrate.worker import RunFailed, run_fresh, warmup_trace
 from sim.costmodel import CostModel, check_profile_matches, cost_model
@@ -167,6 +167,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
     the machine's drift made."""
     cost, noise = cost_model(prof), CallNoise.from_json(prof.get("fit", {}).get("noise"))
     reference, results = reference_probes(prof), []
+    page = page_price(runs, prof.get("fit", {}).get("page_fault_s"))
     for s in settings:
         label = setting_label(s)
         # the worker served a warm-up first, in the same process: predict that process
@@ -176,7 +177,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         known = [p for p in probes if p]
         memory = [p["memory"] for p in known if p.get("memory")]
         probed = MachineSpeed(statistics.median(p["prefill"] for p in known),
-                              statistics.median(p["decode"] for p in known)) if known else MachineSpeed()
+                              statistics.median(p["decode"] for p in known), page) if known else MachineSpeed()
         speed = probed.partway()
         predictions, noisy = replays(trace, policy, cost, noise, replicas, warm, speed)  # made once, read twice
         predicted, spread = metrics_of(predictions, noisy, stall_ms)

@@ -220,7 +220,8 @@ def fit_grow(samples: list[dict], forms: dict[str, Form]) -> float | None:
     return _median_beyond(samples, forms, "written", ("written", "fresh"))
 
 
-def fit_grow_single(samples: list[dict], forms: dict[str, Form], page: float | None = None) -> float | None:
+def fit_grow_single(samples: list[dict], forms: dict[str, Form],
+                    page: float | None = None) -> tuple[float | None, float | None]:
     """Per token-row a single decode's own growth writes (a request's own cache, fresh memory or
     not). With `page`, the price of a page fault the host backs (`speed_probe.dear_page_seconds`),
     and samples that counted their faults: a row's copy (`grow`) plus the median faults per row
@@ -229,13 +230,15 @@ def fit_grow_single(samples: list[dict], forms: dict[str, Form], page: float | N
     growths a calibration serves met either by chance: 62 us a row in one of round 8's
     calibrations and 272 in the other, where its confirm runs' worst growths paid 275-555
     (README, stop 36). Without them: the median over such decodes of their time beyond their
-    price without copies, per row (None without any samples)."""
+    price without copies, per row (None without any samples). Returned with the part of it that
+    is page faults (None where it is not priced by faults): a confirm prices that part at the
+    fault price its probes read (`sim.speed.MachineSpeed.page`)."""
     faulted = [s for s in samples if s.get("faults") and s.get("written")]
     if page is not None and faulted:
-        rows = statistics.median(s["faults"] / s["written"] for s in faulted)
+        faults = statistics.median(s["faults"] / s["written"] for s in faulted) * page
         k = forms["decode"].copies
-        return (k.copy if k.grow is None else k.grow) + rows * page
-    return _median_beyond(samples, forms, "written", ("written", "fresh"))
+        return (k.copy if k.grow is None else k.grow) + faults, faults
+    return _median_beyond(samples, forms, "written", ("written", "fresh")), None
 
 
 def _median_beyond(samples: list[dict], forms: dict[str, Form], per: str, unpriced: tuple[str, ...]) -> float | None:
@@ -408,7 +411,7 @@ def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -
     forms = _priced(forms, grow=grow)
     fresh_step = fit_fresh_step(growth, forms)  # beyond the rows' price at `grow`
     forms = _priced(forms, fresh_step=fresh_step)
-    grow_single = fit_grow_single(alone, forms, page)
+    grow_single, grow_single_faults = fit_grow_single(alone, forms, page)
     forms = _priced(forms, grow_single=grow_single)
     for s in growth + warm + alone:
         s["held_out"] = False  # fitted on their own, never held out
@@ -430,6 +433,7 @@ def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -
         **({"fresh_step": fresh_step} if fresh_step is not None else {}),
         **({"grow": grow} if grow is not None else {}),
         **({"grow_single": grow_single} if grow_single is not None else {}),
+        **({"grow_single_faults": grow_single_faults} if grow_single_faults is not None else {}),
         # syncs in which requests join or leave the batch cache, besides their copies (profiles before
         # `copy` timed these as steps of their own: a + b*batch + c*batch*max(context))
         "join": fit_copy([s for s in samples if s["step"] == "join"]) or [copies.join, 0.0, 0.0],

@@ -107,11 +107,29 @@ def dear_page_seconds(probes: list[dict]) -> float | None:
     balloon, `page_reporting_order=11`): the probes read one, the other or a mixture. A single
     decode's buffer growth paid the dear price in 13 of 18 growths of round 8's meTile runs,
     and those set the runs' worst gaps (README, stop 36)."""
-    timed = [p for p in probes if p.get("alloc_method") == ALLOC_METHOD and p.get("alloc_bytes")]
-    per_page = sorted(t * mmap.PAGESIZE / p["alloc_bytes"] for p in timed for t in p.get("alloc_s") or ())
+    per_page = _per_page(probes)
     if len(per_page) < DEAR_READINGS:
         return None
     return statistics.median(per_page[-DEAR_READINGS:])
+
+
+def page_price(runs: list[dict], dear: float | None) -> float:
+    """A page fault's price around these runs (a confirm's, every setting's) over the
+    calibration's dear one (`dear_page_seconds`; 1.0 where either is unknown), at most 1: the
+    dearest per-page reading of their probes. On this VM the price is one of two by the hour. In
+    stop 37's round 11 every probe of the meTile confirm read 2.5-2.7 us a page, where the
+    calibration's dearest read 11.5, and all 18 of its single-decode growths paid 0-3 us a fault.
+    A probe reads the price of a moment, so one dear reading says the hour has dear faults: in
+    round 7 one run's two probes read 2.5 and 2.9 us, and its growths paid 13-14. Capped, as the
+    dear price already is the host backing a page."""
+    read = _per_page([r["probe"] for r in runs if r.get("probe")])
+    return min(1.0, read[-1] / dear) if dear and read else 1.0
+
+
+def _per_page(probes: list[dict]) -> list[float]:
+    """The probes' allocation readings by today's method, in seconds per page, cheapest first."""
+    timed = [p for p in probes if p.get("alloc_method") == ALLOC_METHOD and p.get("alloc_bytes")]
+    return sorted(t * mmap.PAGESIZE / p["alloc_bytes"] for p in timed for t in p.get("alloc_s") or ())
 
 
 def timed_speed(logs: list[EventLog], reference: list[EventLog]) -> MachineSpeed | None:

@@ -231,6 +231,7 @@ class LinearCostModel:
     fresh_step: float | None = None  # per fresh token-row of a prefill's or decode's growth (None: `fresh`)
     grow: float | None = None  # per token-row a decode's own growth writes (None: `copy`)
     grow_single: float | None = None  # per token-row a single decode's own growth writes, fresh or not (None: `grow`)
+    grow_single_faults: float | None = None  # of which its page faults, at the calibration's dear price (None: not split)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the chunk]
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
@@ -381,6 +382,10 @@ class GridCostModel:
     def grow_single(self) -> float | None:
         return self.linear.grow_single
 
+    @property
+    def grow_single_faults(self) -> float | None:
+        return self.linear.grow_single_faults
+
     def decode(self, contexts: Sequence[int], single: bool = False) -> float:
         if single or not self.grid_decode:
             return self.linear.decode(contexts, single)
@@ -460,6 +465,8 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           fresh_step=None if c.get("fresh_step") is None else float(c["fresh_step"]),
                           grow=None if c.get("grow") is None else float(c["grow"]),
                           grow_single=None if c.get("grow_single") is None else float(c["grow_single"]),
+                          grow_single_faults=None if c.get("grow_single_faults") is None
+                          else float(c["grow_single_faults"]),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
                           prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
                           kv_bytes=kv_bytes, kv_capacity=capacity)

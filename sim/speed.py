@@ -40,17 +40,24 @@ class MachineSpeed:
     (decode steps, batch rebuilds, KV copies, mlx-lm's first forwards and steps)."""
     prefill: float = 1.0
     decode: float = 1.0
+    # A page fault's price now over the calibration's dear one (`calibrate.speed_probe.page_price`):
+    # what a single decode's growth pays for its faults (`grow_single_faults`). On this VM the price
+    # changes by the hour: in round 11 (stop 37) the probes read 2.6 us a page where the calibration
+    # read 11.5, and all 18 meTile growths paid 0-3 us a fault; in rounds 8 and 10 they read 6-16
+    # and most growths paid 10-22.
+    page: float = 1.0
 
     def of(self, cost: CostModel) -> CostModel:
         """`cost` with every call's price divided by its kind's speed."""
-        return cost if (self.prefill, self.decode) == (1.0, 1.0) else AtSpeed(cost, self)
+        return cost if (self.prefill, self.decode, self.page) == (1.0, 1.0, 1.0) else AtSpeed(cost, self)
 
     def to_json(self) -> dict:
-        return {"prefill": self.prefill, "decode": self.decode}
+        return {"prefill": self.prefill, "decode": self.decode, **({"page": self.page} if self.page != 1.0 else {})}
 
     def partway(self, weight: float = PROBE_WEIGHT) -> "MachineSpeed":
-        """This speed moved only `weight` of the way from the calibration's (1.0), in log scale."""
-        return MachineSpeed(self.prefill ** weight, self.decode ** weight)
+        """This speed moved only `weight` of the way from the calibration's (1.0), in log scale. A
+        page's price is read directly (a probe faults pages in as a growth does), and moves all the way."""
+        return MachineSpeed(self.prefill ** weight, self.decode ** weight, self.page)
 
 
 def _at(price: float | None, speed: float) -> float | None:
@@ -90,7 +97,10 @@ class AtSpeed:
 
     @property
     def grow_single(self) -> float | None:
-        return _at(self.cost.grow_single, self.speed.decode)
+        faults = getattr(self.cost, "grow_single_faults", None)
+        if self.cost.grow_single is None or faults is None:
+            return _at(self.cost.grow_single, self.speed.decode)
+        return (self.cost.grow_single - faults) / self.speed.decode + faults * self.speed.page
 
     def prefill(self, chunk: int, prefix: int) -> float:
         return self.cost.prefill(chunk, prefix) / self.speed.prefill

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 from calibrate.fit import fit_copies, fit_form, fit_profile
-from calibrate.speed_probe import ALLOC_METHOD, dear_page_seconds
-from sim.costmodel import Curve, LinearCostModel, ProfileError, cost_model, is_gather, kv_copies, load_profile
+from calibrate.speed_probe import ALLOC_METHOD, dear_page_seconds, page_price
+from sim.costmodel import BUILTIN, Curve, LinearCostModel, ProfileError, cost_model, is_gather, kv_copies, load_profile
 from sim.residuals import price
+from sim.speed import MachineSpeed
 
 
 def test_curve_interpolates_between_sizes_is_flat_below_and_never_falls_beyond():
@@ -239,12 +240,33 @@ def test_a_single_growth_that_counted_its_faults_is_priced_at_the_dear_page():
     fit = fit_profile(pre + dec + grows + warm + alone + syncs, page=page)
     rows = statistics.median([10_000 / 512, 15_000 / 512])  # the growth that faulted nothing has no say
     assert fit["cost"]["grow_single"] == pytest.approx(9e-5 + rows * page, rel=0.05)
+    assert fit["cost"]["grow_single_faults"] == pytest.approx(rows * page)  # the part a confirm reprices
     assert fit["fit"]["page_fault_s"] == page
     cheap = (alone[0]["seconds"] - lone) / 512
     assert fit_profile(pre + dec + grows + warm + alone + syncs)["cost"]["grow_single"] < 0.5 * fit["cost"]["grow_single"]
     no_counts = [{k: v for k, v in s.items() if k != "faults"} for s in alone]
-    assert fit_profile(pre + dec + grows + warm + no_counts + syncs, page=page)["cost"]["grow_single"] == \
-        pytest.approx(cheap, rel=0.05)  # the median growth's
+    by_median = fit_profile(pre + dec + grows + warm + no_counts + syncs, page=page)["cost"]
+    assert by_median["grow_single"] == pytest.approx(cheap, rel=0.05)  # the median growth's
+    assert "grow_single_faults" not in by_median
+
+
+def test_a_growths_faults_are_priced_at_the_page_price_the_probes_read():
+    """`MachineSpeed.page` reprices only the faults of a single decode's growth; the row's copy
+    moves with the decode speed. The page price is the dearest probe reading around the confirm's
+    runs over the calibration's dear price, at most 1 (`speed_probe.page_price`)."""
+    builtin = load_profile(BUILTIN)["cost"]
+    cost = cost_model({"cost": dict(builtin, grow=5e-5, grow_single=4e-4, grow_single_faults=3.5e-4)})
+    at = MachineSpeed(1.0, 2.0, 0.25).of(cost)
+    assert at.grow_single == pytest.approx(5e-5 / 2 + 3.5e-4 * 0.25)
+    assert MachineSpeed(1.0, 2.0).of(cost).grow_single == pytest.approx(5e-5 / 2 + 3.5e-4)
+    unsplit = cost_model({"cost": dict(builtin, grow=5e-5, grow_single=4e-4)})  # profiles before stop 37
+    assert MachineSpeed(1.0, 2.0, 0.25).of(unsplit).grow_single == pytest.approx(2e-4)
+    pages = (64 << 20) // mmap.PAGESIZE
+    run = lambda *us: {"probe": {"alloc_s": [u * 1e-6 * pages for u in us], "alloc_bytes": 64 << 20,
+                                 "alloc_method": ALLOC_METHOD}}
+    assert page_price([run(2.5, 2.6), run(2.7, 2.5)], 11.5e-6) == pytest.approx(2.7 / 11.5)
+    assert page_price([run(2.5, 2.6), run(2.9, 13.0)], 11.5e-6) == 1.0  # one dear reading: the hour has dear faults
+    assert page_price([run(2.5, 2.6)], None) == 1.0 and page_price([{}], 11.5e-6) == 1.0
 
 
 def test_the_dear_page_is_the_median_of_the_dearest_probe_readings():

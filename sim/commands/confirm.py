@@ -95,6 +95,8 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                   + f"; probes' median {speed['prefill']:.2f}/{speed['decode']:.2f}"
                   + (f", predicted at {at['prefill']:.2f}/{at['decode']:.2f} (partway: sim.speed.PROBE_WEIGHT)"
                      if (at := res["machine_speed"].get("predicted_at")) else "")
+                  + (f"; a single decode's growth faults at {at['page']:.2f}x the calibration's dear page "
+                     f"(the probes' dearest reading: speed_probe.page_price)" if at and "page" in at else "")
                   + ("; timed against the calibration's probes: " + " ".join(
                       f"r{p['repeat']} {p['timed']['prefill']:.2f}/{p['timed']['decode']:.2f}" for p in timed)
                      if timed else ""))
