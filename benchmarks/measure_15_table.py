@@ -5,6 +5,7 @@ SECOND name the two clones under OUT (default A B); the seed and gamma runs are 
 `python3 benchmarks/measure_15_table.py REPORT.json...`: the same table for the reports named, then
 each setting's median predicted/measured per call kind."""
 import json
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -61,6 +62,7 @@ def table(paths: dict[str, Path], by_kind: bool = False) -> None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into `head`: stop quietly
     args = sys.argv[1:]
     if args and args[0].endswith(".json"):
         stems = [Path(a).stem for a in args]  # two tunes' reports are both "confirm": named by their path then
