@@ -61,6 +61,7 @@ class CostModel(Protocol):
     fresh_step: float | None  # instead of `fresh` where a prefill or decode grows a buffer (None: `fresh`)
     grow: float | None  # instead of `copy` per token-row a decode's own growth writes (None: `copy`)
     grow_single: float | None  # per token-row a single decode's own growth writes, fresh or not (None: `grow`)
+    grow_single_faults: float | None  # of which its page faults, at the calibration's dear price (None: not split)
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 

@@ -97,7 +97,7 @@ class AtSpeed:
 
     @property
     def grow_single(self) -> float | None:
-        faults = getattr(self.cost, "grow_single_faults", None)
+        faults = self.cost.grow_single_faults
         if self.cost.grow_single is None or faults is None:
             return _at(self.cost.grow_single, self.speed.decode)
         return (self.cost.grow_single - faults) / self.speed.decode + faults * self.speed.page
