@@ -19,8 +19,8 @@ waiting queue. A prompt that does not fit the limit waits at the front; later pr
 behind it (no overtaking).
 
 Why an aging bound (`aging_s`, seconds): sjf starves long prompts and priority starves requests
-without a deadline while shorter or tighter ones keep arriving. A request that has waited longer
-than `aging_s` is served first, in arrival order, before any younger one. The default, 30 s, lies
+without a deadline while shorter or tighter ones keep arriving. A request that has waited
+`aging_s` or longer is served first, in arrival order, before any younger one. The default, 30 s, lies
 far above the TTFT of a loaded server on Apple silicon (seconds) and so leaves the order alone
 until a request has clearly been passed over; on a slow CPU pass a larger bound.
 """
@@ -78,12 +78,21 @@ class QueueOrder:
         started = queued.get(self._started)
         if started is not None and started.prefilled:
             return started
-        if state.now - head.req.arrival > self.aging_s:
+        if state.now >= head.req.arrival + self.aging_s:
             chosen = head
         else:
             chosen = self._best(state)
         self._started = chosen.rid
         return chosen
+
+    def reorders_at(self, state: EngineState) -> float | None:
+        """When this order may pick another prompt with nothing arrived or served: the moment the
+        oldest waiting request reaches the aging bound (None: fcfs, nothing waits, or it has
+        reached it). A steady stretch (`sim.steady`) stops there as it does at an arrival."""
+        if self.queue == "fcfs" or not state.queued:
+            return None
+        aged = next(iter(state.queued.values())).req.arrival + self.aging_s
+        return aged if aged > state.now else None
 
     def _best(self, state: EngineState) -> RequestState:
         key, reqs, heap, queued = KEYS[self.queue], state.trace.requests, self._heap, state.queued

@@ -14,7 +14,7 @@ from sim.costmodel import CostModel, ProfileError
 from sim.kvlimit import kv_limit_of, next_work
 from sim.log import EventLog
 from sim.state import EngineError, EngineState
-from sim.steady import call_costs, steady_steps, steady_times
+from sim.steady import call_costs, steady_steps, steady_times, stretch_end
 from traces.trace import Trace
 
 
@@ -80,7 +80,7 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
                 continue
             state.iteration += 1
             steps = steady_steps(policy, state, work) if steady else 0
-            times = steady_times(cost, state, work, steps, t, state.next_arrival, host) if steps > 1 else None
+            times = steady_times(cost, state, work, steps, t, stretch_end(policy, state), host) if steps > 1 else None
             if times is not None:
                 state.apply_steady(work, *times)
                 t = times[1][-1][-1]

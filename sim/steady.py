@@ -129,6 +129,14 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
     return steps or 0
 
 
+def stretch_end(policy, state: EngineState) -> float | None:
+    """Where a stretch must stop: the next arrival, or sooner the moment the policy's queue order
+    may pick another prompt with nothing arrived (`policies.queue.QueueOrder.reorders_at`)."""
+    order = getattr(policy, "queue_order", None)
+    ends = [t for t in (state.next_arrival, order.reorders_at(state) if order else None) if t is not None]
+    return min(ends, default=None)
+
+
 def _generate_steps(state: EngineState, work: list[Work]) -> int:
     """mlx-lm: an iteration that is one step of the generation batch, on the rows of its last step
     (nothing joined or left: no rebuild owed), repeats until the first of them returns its last
@@ -148,12 +156,12 @@ def _fits(cap: int, idx: int, n: int) -> int:
 
 
 def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: int, t0: float,
-                 next_arrival: float | None, overhead: float | None = None
+                 end: float | None, overhead: float | None = None
                  ) -> tuple[list[list[float]], list[list[float]]] | None:
     """Start and end of every call of the stretch: `starts[i][j]` for call i of iteration j.
 
-    The stretch stops before the first iteration that would start at or after `next_arrival`
-    (the engine admits arrivals between iterations). Times are summed call by call in the same
+    The stretch stops before the first iteration that would start at or after `end` (the next
+    arrival: the engine admits arrivals between iterations; `stretch_end`). Times are summed call by call in the same
     order and with the same operations as the call-by-call replay, so both give the same floats.
     None if a cost is negative (the call-by-call path reports that).
     """
@@ -172,8 +180,8 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
     n, overhead = len(columns), cost.iteration if overhead is None else overhead
     columns[0] = [overhead + c for c in columns[0]]  # host work before each iteration's first call
     clock = list(accumulate(chain.from_iterable(zip(*columns)), initial=t0))  # clock[k]: call k's turn
-    if next_arrival is not None:  # iteration j starts at clock[j * n]; keep those before the arrival
-        steps = -(-bisect_left(clock, next_arrival, n, steps * n) // n)
+    if end is not None:  # iteration j starts at clock[j * n]; keep those before the end
+        steps = -(-bisect_left(clock, end, n, steps * n) // n)
     starts = [clock[i:steps * n:n] for i in range(n)]
     starts[0] = [t + overhead for t in starts[0]]
     return starts, [clock[i + 1:steps * n + 1:n] for i in range(n)]

@@ -123,6 +123,21 @@ def test_sjf_and_priority_reorder_a_queue_and_aging_restores_arrival_order():
     assert order(queue="sjf", aging_s=1.0) == ["short", "mid", "long", "tight"]
 
 
+
+def test_a_steady_stretch_stops_where_the_oldest_waiting_request_ages():
+    """Request a decodes alone; b, the tightest prompt, does not fit the KV limit beside it and
+    waits at the queue's head, and c (no target) waits behind b. At 0.5 s c reaches the aging
+    bound and is prefilled next though nothing arrived or finished: the decode stretch must stop
+    there, as the call-by-call replay does (hypothesis found a case of this), not run on until a ends."""
+    cost = LinearCostModel((0.03125, 0.0, 0.0), (0.03125, 0.0, 0.0), 0.0)
+    trace = Trace([Request("c", 0.0, 1, 1), Request("a", 0.0, 1, 40, ttft_slo_ms=10.0),
+                   Request("b", 0.0, 44, 1, ttft_slo_ms=10.0)])
+    setting = dict(policy="eager", budget=1, batch_size=1, queue="priority", aging_s=0.5, kv_limit=45)
+    log = simulate(trace, policies.make(**setting), cost)
+    aged = next(c for c in log.calls if c.kind == "prefill" and c.rids == ("c",))
+    assert 0.5 <= aged.start < 0.5 + 2 * 0.03125  # the first iteration to start at or after the bound
+    assert simulate(trace, policies.make(**setting), cost, steady=False).calls == log.calls
+
 def test_settings_labels_and_grids_carry_the_queue():
     assert setting_label({"policy": "chunked", "budget": 64, "queue": "priority"}) == "chunked/b64/bs4/priority"
     assert setting_label({"policy": "fifo", "queue": "sjf", "aging_s": 60}) == "fifo/sjf/age60s"
