@@ -199,9 +199,28 @@ def fit_copies(samples: list[dict]) -> Copies:
     copies = Copies(copy, fresh, join, leave, gather if used[4] else None)
     dear = [s for s in samples if s.get("fresh")]
     if dear:
-        beyond = [(s["seconds"] - copies.of(dict(s, fresh=0))) / s["fresh"] for s in dear]
-        copies = replace(copies, fresh=max(0.0, float(statistics.median(beyond))))
+        copies = replace(copies, fresh=fresh_row_price(dear, copies))
     return copies
+
+
+def fresh_row_price(dear: list[dict], copies: Copies) -> float:
+    """Seconds a sync's fresh token-row costs beyond its copy, from the syncs that wrote some.
+    Where they counted their page faults, two medians: faults per fresh row, times what a fault
+    cost (each sync's time beyond its price without fresh rows, per fault). Else the median of
+    that time per fresh row.
+
+    Why two: a fresh row costs what its faults cost, and the two scatter apart. In stop 38's
+    rounds a calibration's fresh syncs faulted 8-45 pages a row and paid 1.6-15 us a fault, but
+    the medians held at 28-30 faults a row and 10-11 us a fault in all six calibrations, as in
+    their confirm runs (33 a row, 10-11 us each). The median of the ratio lands wherever the
+    cheap syncs fall: 183 us a row in one calibration where the others gave 273-315."""
+    beyond = [(s["seconds"] - copies.of(dict(s, fresh=0)), s) for s in dear]
+    if len(dear) >= 3 and all(s.get("faults") for s in dear):
+        per_row = statistics.median(s["faults"] / s["fresh"] for s in dear)
+        price = per_row * statistics.median(b / s["faults"] for b, s in beyond)
+    else:
+        price = statistics.median(b / s["fresh"] for b, s in beyond)
+    return max(0.0, float(price))
 
 
 def fit_fresh_step(samples: list[dict], forms: dict[str, Form]) -> float | None:

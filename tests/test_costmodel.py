@@ -158,6 +158,21 @@ def test_a_fresh_row_costs_what_the_typical_fresh_join_paid_and_warm_rows_set_th
     assert k.fresh == pytest.approx(4e-4, rel=1e-3)  # the median join's, not what the two large cheap ones pull it to
 
 
+
+def test_a_fresh_row_is_priced_by_its_faults_where_the_syncs_counted_them():
+    """A fresh row costs its page faults: how many a row faults and what one costs scatter apart
+    (the host backs some faults, the guest others), so the price is the typical faults per row
+    times the typical fault's price, not the typical ratio, which three cheap syncs set here."""
+    copy, join = 3e-5, 0.002
+    warm = [{"step": "sync", "batch": 4, "written": w, "fresh": 0, "joined": 1, "left": 0, "faults": 0,
+             "seconds": join + copy * w} for w in (500, 900, 1300, 2000, 2600)]
+    per_row = [(10, 10e-6), (30, 2e-6), (45, 2.5e-6), (29, 10e-6), (28, 11e-6)]  # faults a fresh row, s a fault
+    dear = [{"step": "sync", "batch": 3, "written": 1500, "fresh": 800, "joined": 1, "left": 0, "faults": n * 800,
+             "seconds": join + copy * 1500 + n * 800 * t} for n, t in per_row]
+    assert fit_copies(warm + dear).fresh == pytest.approx(29 * 10e-6, rel=1e-3)
+    uncounted = [{k: v for k, v in s.items() if k != "faults"} for s in dear]
+    assert fit_copies(warm + uncounted).fresh == pytest.approx(45 * 2.5e-6, rel=1e-3)  # the median ratio
+
 GROWTH_TRUTH = LinearCostModel((0.0, 0.0, 2e-8, 3e-5), (0.0, 0.0, 4e-6), prefill_dense=TRUTH.prefill_dense,
                                decode_dense=TRUTH.decode_dense, copy=2e-5, fresh=3e-4, fresh_step=5e-5, grow=9e-5)
 
