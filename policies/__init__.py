@@ -56,7 +56,7 @@ OPTION_HELP = {
     "queue": "which waiting prompt starts next: fcfs (arrival order) | sjf (shortest prompt first) | priority "
              "(earliest deadline first: arrival + the request's class TTFT target, --class-slo CLASS:ttft=MS) "
              "(fifo, eager, chunked; mlx-lm's BatchGenerator is FIFO only)",
-    "aging_s": f"sjf, priority: a request waiting longer than this many seconds is served first, oldest first "
+    "aging_s": f"sjf, priority: a request that has waited this many seconds or longer is served first, oldest first "
                f"(default {DEFAULT_AGING_S:g}; no starvation)",
     "prefill_step": "mlx-lm only: prompt tokens per row per call (mlx_lm.server --prefill-step-size, default 2048)",
     "prompt_concurrency": "mlx-lm only: prompts prefilled together (--prompt-concurrency, default 8)",

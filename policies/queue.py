@@ -65,8 +65,8 @@ class QueueOrder:
 
     def next(self, state: EngineState) -> RequestState | None:
         """The queued request whose prefill runs next: a started prefill first, then a preempted
-        request (`sim.kvlimit`), then the oldest request if it has waited longer than the aging
-        bound, then the queue's order."""
+        request (`sim.kvlimit`), then the oldest request if it has waited the aging bound or
+        longer, then the queue's order."""
         queued = state.queued
         if not queued:
             return None
