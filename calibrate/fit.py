@@ -141,7 +141,7 @@ def _single_growth(s: dict) -> bool:
 def _kv(prices, s: dict) -> float:
     """A sample's KV copies at `prices` (a cost model or `Copies`)."""
     return call_copies(prices, s["step"], s.get("joined", 0), s.get("left", 0), s.get("written", 0), s.get("fresh", 0),
-                       _single(s), s.get("batch", 1) if s["step"] == "decode" else 1)
+                       _single(s))
 
 
 def _copy_terms(s: dict, gather: bool = False) -> list[float]:
@@ -224,10 +224,9 @@ def fresh_row_price(dear: list[dict], copies: Copies) -> float:
 
 
 def fit_fresh_step(samples: list[dict], forms: dict[str, Form]) -> float | None:
-    """Per fresh token-row of one request's own growth (a prefill's, or a decode's of a batch of
-    one): the median over such steps of their time beyond their price without fresh memory, per
-    fresh row (None without any). A join's fresh rows cost 4-5x as much here, so one price for
-    both over-priced every such growth; a batch's growth pays the join's (`is_lone_growth`)."""
+    """Per fresh token-row of a prefill's or decode's own growth: the median over such steps of
+    their time beyond their price without fresh memory, per fresh row (None without any). A
+    join's fresh rows cost 4-5x as much here, so one price for both over-priced every growth."""
     return _median_beyond(samples, forms, "fresh", ("fresh",))
 
 
@@ -429,7 +428,7 @@ def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -
         copies = forms[step].copies
     grow = fit_grow(warm, forms)
     forms = _priced(forms, grow=grow)
-    fresh_step = fit_fresh_step([s for s in growth if s.get("batch", 1) <= 1], forms)  # beyond `grow` (batches: `fresh`)
+    fresh_step = fit_fresh_step(growth, forms)  # beyond the rows' price at `grow`
     forms = _priced(forms, fresh_step=fresh_step)
     grow_single, grow_single_faults = fit_grow_single(alone, forms, page)
     forms = _priced(forms, grow_single=grow_single)

@@ -38,7 +38,7 @@ DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot
                "a single decode (own cache): dense(1) + lone*context; dense(batch) = a + b*batch or the measured "
                "curve; plus copy*written (gather*written in a sync where requests only leave, grow*written in a "
                "decode's own growth, grow_single*written and no fresh price in a single decode's) and fresh*fresh "
-               "rows (fresh_step*fresh in the own growth of a prefill or of a decode of one request), and join (leave) when requests join (leave) the "
+               "rows (fresh_step*fresh in a step's own growth), and join (leave) when requests join (leave) the "
                "batch cache")
 MLX_PROMPT_FORM = ("dense(rows*L) + c*rows*L*(idx + L) + d*rows*idx, L the longest chunk, idx the batch "
                    "cache's write position (every row attends the whole padded buffer), plus r0 + r1*(rows*L mod "
@@ -99,26 +99,17 @@ def is_gather(kind: str, joined: int, left: int) -> bool:
 
 
 def is_step_growth(kind: str, joined: int, left: int) -> bool:
-    """A prefill or decode that grows a buffer (no batch change inside it): where it is one
-    request's buffer, its fresh rows cost a fifth of a join's here (1-3 us a page fault against
-    7-12 us: `benchmarks/kv_faults.py`), so a profile may price them apart (`fresh_step`)."""
+    """A prefill or decode that grows a buffer (no batch change inside it): its fresh rows cost a
+    fifth of a join's here (1-3 us a page fault against 7-12 us: `benchmarks/kv_faults.py`), so a
+    profile may price them apart (`fresh_step`)."""
     return kind in ("prefill", "decode") and not joined and not left
-
-
-def is_lone_growth(kind: str, joined: int, left: int, batch: int) -> bool:
-    """A step growth of one request's buffer: its fresh rows at `fresh_step`. A batch's growth
-    allocates a batch-wide buffer as a join does, and its fresh rows fault as a join's: 32-34
-    pages a row at about 12 us each in round 13's three (batch 4, 2,268 fresh rows, 1.31-1.37 s
-    where `fresh_step` priced 0.43), against 0-13 a row for the batches of one around them
-    (README, stop 38). So they take the sync's price, `fresh`."""
-    return is_step_growth(kind, joined, left) and batch <= 1
 
 
 def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, step: bool = False,
               grow: bool = False, single: bool = False) -> float:
     """Seconds a call spends writing KV buffers: per token-row written (a leave's gather, or a
     decode's own growth: `grow`, each at its own price where the profile has one), and more per
-    fresh one (`step`: one request's own growth, at its own price where the profile has one). A single decode's own
+    fresh one (a step's growth at its own price, where the profile has one). A single decode's own
     growth (a request's own cache, 256 -> 512 tokens) has one price per row, `grow_single`, where
     the profile has one: measured on meTile's runs it cost 100-980 us a row, a median of about 450,
     as much where the array was larger than any before as where it was not (README, stop 32), and
@@ -134,12 +125,11 @@ def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, s
 
 
 def call_copies(cost: CostModel, kind: str, joined: int, left: int, written: int, fresh: int,
-                single: bool = False, batch: int = 1) -> float:
+                single: bool = False) -> float:
     """`kv_copies` of a call of this kind and batch change (a gather, a step's own growth, or neither);
-    `single`: a decode of one request on its own cache; `batch`: the requests the call serves."""
+    `single`: a decode of one request on its own cache."""
     step = is_step_growth(kind, joined, left)
-    return kv_copies(cost, written, fresh, is_gather(kind, joined, left), is_lone_growth(kind, joined, left, batch),
-                     step and kind == "decode", single)
+    return kv_copies(cost, written, fresh, is_gather(kind, joined, left), step, step and kind == "decode", single)
 
 
 def remainder_cost(rows: int, tile: int, rem: tuple[float, ...]) -> float:

@@ -67,7 +67,7 @@ def price(cost: CostModel, kind: str, tokens: int, prefix: int, contexts, batche
         return cost.mlx_lm_call(kind, tokens, prefix, contexts, written, fresh)
     if kind == "preempt":  # a cache dropped: no model call (its recompute is a prefill, priced as one)
         return 0.0
-    t = call_copies(cost, kind, joined, left, written, fresh, not batched, len(contexts) if kind == "decode" else 1)
+    t = call_copies(cost, kind, joined, left, written, fresh, not batched)
     if kind == "prefill":
         return t + cost.prefill(tokens, prefix)
     if joined or left:  # a sync call, or a decode with its sync inside (logs from before syncs were calls)

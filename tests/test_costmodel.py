@@ -216,28 +216,6 @@ def test_a_steps_own_growth_has_its_own_prices():
     assert not {"fresh_step", "grow"} & set(fit_profile(pre + dec + syncs)["cost"])
 
 
-def test_a_batchs_growth_into_fresh_memory_pays_a_joins_fresh_price():
-    """A decode that grows the buffer of a batch of several into fresh memory allocates a
-    batch-wide buffer as a join does, and pays the sync's `fresh` a row; `fresh_step` is fitted on
-    batches of one only, however many batched growths the calibration met (here as many)."""
-    truth = GROWTH_TRUTH
-    lone = [{"step": "decode", "batch": 1, "context_max": M, "written": M + 256, "fresh": M + 256, "source": "engine:f"}
-            for M in (100, 180, 250)]
-    batched = [{"step": "decode", "batch": 4, "context_max": M, "written": 4 * (M + 256), "fresh": 4 * (M + 256),
-                "source": "engine:e"} for M in (260, 300, 400)]
-    warm = [{"step": "decode", "batch": B, "context_max": M, "written": B * (M + 256), "fresh": 0, "source": "engine:w"}
-            for B, M in ((1, 49), (2, 88), (1, 232))]
-    pre, dec, syncs = _timed_at_growth_truth(lone, warm)
-    for x in batched:
-        x["seconds"] = truth.decode([x["context_max"]] * 4) + kv_copies(truth, x["written"], x["fresh"], grow=True)
-    cost = fit_profile(pre + dec + lone + warm + batched + syncs)["cost"]
-    assert cost["fresh_step"] == pytest.approx(5e-5, rel=0.05) and cost["fresh"] == pytest.approx(3e-4, rel=0.05)
-    model = cost_model({"cost": cost})
-    b = batched[0]
-    assert price(model, "decode", 4, 0, [260] * 4, True, 0, 0, b["written"], b["fresh"]) == pytest.approx(b["seconds"], rel=0.02)
-    assert price(model, "decode", 1, 0, [100], True, 0, 0, 356, 356) == pytest.approx(lone[0]["seconds"], rel=0.02)
-
-
 def test_a_single_decodes_own_growth_has_one_price_fresh_or_not():
     """A single decode whose own cache grows (meTile's loop) writes its rows at `grow_single`, the
     median of such decodes' cost beyond their price, fresh memory or not; the batch cache's
