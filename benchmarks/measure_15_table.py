@@ -1,6 +1,7 @@
 """The summary table of `benchmarks/measure_15.sh`'s reports: per setting, the probed machine
 speed, the median |relative error| of the six aggregates at the probed speed and at the
-calibration's, and the tails. `python3 benchmarks/measure_15_table.py OUT [FIRST SECOND]`: FIRST and
+calibration's, the tails, and how many replays took each run's path (`sim.paths`; "-" for reports
+from before confirm compared paths). `python3 benchmarks/measure_15_table.py OUT [FIRST SECOND]`: FIRST and
 SECOND name the two clones under OUT (default A B); the seed and gamma runs are the second's.
 `python3 benchmarks/measure_15_table.py REPORT.json...`: the same table for the reports named, then
 each setting's median predicted/measured per call kind."""
@@ -34,8 +35,8 @@ def main(out: Path, first: str = "A", second: str = "B") -> None:
 
 def table(paths: dict[str, Path], by_kind: bool = False) -> None:
     print("| runs | setting | probes' speed, prefill / decode (predicted at) | six aggregates: probed / calibration's | "
-          + " | ".join(TAILS) + " | holds |")
-    print("|---|---|---|---:|" + "---:|" * len(TAILS) + "---|")
+          + " | ".join(TAILS) + " | replays on each run's path | holds |")
+    print("|---|---|---|---:|" + "---:|" * len(TAILS) + "---|---|")
     held = []
     for name, path in paths.items():
         if not path.exists():
@@ -48,9 +49,11 @@ def table(paths: dict[str, Path], by_kind: bool = False) -> None:
             tails = " | ".join(f"{r['rel_error'][k]:+.0%} ({calib[k]:+.0%})" for k in TAILS)
             at = r["machine_speed"].get("predicted_at")  # since stop 31: partway to the probes' speed
             at = f" ({at['prefill']:.2f} / {at['decode']:.2f})" if at else ""
+            took = r.get("paths")
+            same = "/".join(str(run["same"]) for run in took["runs"]) + f" of {took['replays']}" if took else "-"
             held.append(holds(r["rel_error"]))
             print(f"| {name} | {r['label']} | {sp['prefill']:.2f} / {sp['decode']:.2f}{at} | "
-                  f"{med(r['rel_error']):.1%} / {med(calib):.1%} | {tails} | {'yes' if held[-1] else 'no'} |")
+                  f"{med(r['rel_error']):.1%} / {med(calib):.1%} | {tails} | {same} | {'yes' if held[-1] else 'no'} |")
     print(f"\nall three targets held: {sum(held)} of {len(held)} settings")
 
     if by_kind:

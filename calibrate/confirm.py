@@ -36,6 +36,7 @@ from sim.memory import device_kv_tokens
 from sim.metric_registry import CONFIRMED, CONFIRMED_KV
 from sim.metrics import CLASS_CONFIRMED, log_class_metrics, score
 from sim.noise import CallNoise
+from sim.paths import paths_of
 from sim.predict import REPLICAS, classes_of, metrics_of, replays
 from sim.residuals import call_ratios, residual_table
 from sim.state import EngineError
@@ -158,7 +159,9 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
             replicas: int = REPLICAS) -> list[dict]:
     """Predicted (simulator; with the profile's call noise, the median and range over `replicas`
     replays, `sim.predict`) against measured (median, min, max over repeats), per setting and
-    metric; and per call kind (and size bucket), predicted/measured over the setting's runs.
+    metric; and per call kind (and size bucket), predicted/measured over the setting's runs; and
+    for each run, the replays that took its path and where the one at typical times left it
+    (`sim.paths`): a tail can miss by the path, not by the prices.
 
     Where the runs carry speed probes (`calibrate.speed_probe`), the prediction is made at the
     machine's speed around them (prefill and decode apart, each the median over runs,
@@ -184,6 +187,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         at_calibration = metrics_of(*replays(trace, policy, cost, noise, replicas, warm), stall_ms)[0] \
             if known else predicted
         logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes) for r in mine]
+        typical = replays(trace, policy, cost, None, 0, warm, speed)[0][0] if noisy else predictions[0]
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
         measured, errors, errors_at_calibration = {}, {}, {}
@@ -209,6 +213,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
                         "run_speed": [{"repeat": r["repeat"], "pred_over_meas": run_speed(log, cost)}
                                       for r, log in zip(mine, logs)],
                         "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False),
+                        "paths": jsonable(paths_of(logs, [r["repeat"] for r in mine], predictions, typical)),
                         **compare_classes(trace, classes_of(trace, predictions), logs)})
     return results
 

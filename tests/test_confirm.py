@@ -77,6 +77,11 @@ def test_confirm_end_to_end(profile, tmp_path):
         for r, log in zip(res["run_speed"], logs):
             ratios = sorted(price_call(cost, c) / (c.end - c.start) for c in log.calls if c.end > c.start)
             assert r["pred_over_meas"] == pytest.approx(statistics.median(ratios))
+        # every request arrives at once, so no call's time can change a decision: every replay takes
+        # each run's path, call by call (`sim.paths`)
+        assert res["paths"] == {"replays": REPLICAS, "runs": [{"repeat": r["repeat"], "same": REPLICAS, "parted": None}
+                                                              for r in runs]}
+    assert stdout.count(f"replays that took each run's path (of {REPLICAS}): r0 {REPLICAS} r1 {REPLICAS}") == 2
     assert "pred/meas (median)" in stdout  # and each setting's by-kind table, a row per kind
     for kind in ("prefill", "decode"):
         assert sum(line.startswith(f"{kind} ") for line in stdout.splitlines()) == len(rep["results"])

@@ -17,7 +17,7 @@ from sim.costmodel import BUILTIN, cost_model, load_profile
 from sim.log import EventLog
 from sim.metrics import score
 from sim.replay import simulate
-from sim.report import (LogSeries, calibration_frame, call_frame, confirm_frame, ecdf_chart, ecdf_frame,
+from sim.report import (LogSeries, calibration_frame, call_frame, confirm_frame, path_frame, ecdf_chart, ecdf_frame,
                         gap_percentile_chart, gap_percentile_frame, load_sweep, timeline_frame)
 from sim.report.inputs import confirm_logs
 from sim.residuals import residual_table
@@ -401,3 +401,32 @@ def test_report_page_renders_every_chart_in_chromium(inputs, tmp_path):
     assert p.returncode == 0 and shot.read_bytes().startswith(PNG_MAGIC) and shot.stat().st_size > 100_000
     if os.environ.get("PDSIM_SCREENSHOT"):
         shutil.copy(shot, os.environ["PDSIM_SCREENSHOT"])
+
+
+def test_the_paths_table_says_which_runs_the_replays_left(inputs, tmp_path):
+    """Each measured run's row: the replays on its path and, where the typical replay parted from
+    it, where and why; a report from before confirm compared paths renders without the section."""
+    confirm = json.loads((inputs / "confirm.json").read_text())
+    assert len(path_frame(confirm)) == 0
+    parted = {"call": 8, "at_s": 3.17, "engine": "prefill 2 (34 tokens)", "replay": "decode 0,1",
+              "replay_ahead_s": 0.26, "missed": "sync 0,1", "missed_at_s": 1.1, "missed_measured_s": 0.5,
+              "missed_replayed_s": 0.1}
+    for r in confirm["results"]:
+        r["paths"] = {"replays": 15, "runs": [{"repeat": 0, "same": 15, "parted": None},
+                                              {"repeat": 1, "same": 0, "parted": parted}]}
+    frame = path_frame(confirm)
+    assert len(frame) == 2 * len(confirm["results"])
+    assert list(frame["same_path"])[:2] == ["15 of 15", "0 of 15"]
+    assert frame["parted_at_s"].isna().tolist()[:2] == [True, False]
+    assert frame["engine"].iloc[1] == "prefill 2 (34 tokens)"
+    report = tmp_path / "paths.json"
+    report.write_text(json.dumps(confirm))
+    out = tmp_path / "out"
+    assert main(["report", "--confirm", str(report), "-o", str(out), "--no-png"]) == 0
+    page = (out / "report.html").read_text()
+    section = page[page.index('<section id="confirm_paths">'):]
+    section = section[:section.index("</section>")]
+    assert section.count("<tr>") == len(frame) + 1 and "prefill 2 (34 tokens)" in section
+    out = tmp_path / "old"
+    assert main(["report", "--confirm", str(inputs / "confirm.json"), "-o", str(out), "--no-png"]) == 0
+    assert 'id="confirm_paths"' not in (out / "report.html").read_text()

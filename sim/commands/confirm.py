@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_report(report: dict, out: str, tolerance: float | None) -> int:
+    from sim.paths import summary as paths_summary
     from sim.table import fmt, table
     print(f"gate: chunked logits match one-shot (rtol=atol=1e-3): "
           f"{all(g['ok'] for g in report['gate']['logits'])}; identical greedy tokens across settings: "
@@ -114,6 +115,8 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                   + " ".join(f"r{rep} {v:.2f}" for rep, v in speeds.items())
                   + (f"; {spread:.0%} apart: the machine changed speed between runs, and every measured figure "
                      "moved with it" if spread > SPEED_SPREAD else ""))
+        if res.get("paths"):  # since stop 39
+            print(paths_summary(res["paths"]))
         if res.get("classes"):  # a trace with priority classes: TTFT by class
             print(table([{"class": c, "metric": k, "predicted": v["predicted"][k], "measured": m["median"],
                           "range": f"{fmt(m['min'])}..{fmt(m['max'])}", "error": _signed(v["rel_error"][k])}

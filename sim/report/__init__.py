@@ -19,6 +19,7 @@ from sim.report.frames import (
                                confirm_frame,
                                ecdf_frame,
                                gap_percentile_frame,
+                               path_frame,
                                pick_marks,
                                timeline_frame,
                                tradeoff_frame,
@@ -36,4 +37,5 @@ from sim.report.page import Section, build_sections, make_report, write_report
 __all__ = ["LogSeries", "ReportError", "Section", "Sweep", "build_sections", "calibration_chart", "calibration_frame",
            "call_frame", "confirm_chart", "confirm_error_chart", "confirm_frame", "ecdf_chart", "ecdf_frame",
            "gap_percentile_chart", "gap_percentile_frame", "load_confirm", "load_simulate", "load_sweep", "make_report",
-           "pick_marks", "timeline_chart", "timeline_frame", "tradeoff_chart", "tradeoff_frame", "write_report"]
+           "path_frame", "pick_marks", "timeline_chart", "timeline_frame", "tradeoff_chart", "tradeoff_frame",
+           "write_report"]

@@ -210,6 +210,23 @@ def call_frame(doc: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+def path_frame(doc: dict) -> pd.DataFrame:
+    """For each measured run of every confirmed setting: the replays that took its path, and where
+    the replay at typical times parted from it (`sim.paths`); empty for a report written before
+    confirm compared paths."""
+    rows = []
+    for r in doc["results"]:
+        paths = r.get("paths")
+        for run in (paths or {}).get("runs", ()):
+            p = run["parted"] or {}
+            rows.append({"setting": r["label"], "run": run["repeat"],
+                         "same_path": f"{run['same']} of {paths['replays']}",
+                         "parted_at_s": p.get("at_s"), "engine": p.get("engine", ""), "replay": p.get("replay", ""),
+                         "replay_ahead_s": p.get("replay_ahead_s"), "missed_most": p.get("missed", "")})
+    return pd.DataFrame(rows, columns=["setting", "run", "same_path", "parted_at_s", "engine", "replay",
+                                       "replay_ahead_s", "missed_most"])
+
+
 def calibration_frame(profile: dict) -> pd.DataFrame:
     """Each timed step: measured median, fitted, relative error, and its shape."""
     samples = profile.get("samples") or []

@@ -30,6 +30,7 @@ from sim.report.frames import (
     ecdf_frame,
     gap_percentile_frame,
     group_name,
+    path_frame,
     pick_marks,
     timeline_frame,
     tradeoff_frame,
@@ -162,6 +163,16 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
                                 "the calls it comes from; where the runs counted page faults, how many calls "
                                 "faulted over 1 MiB of fresh memory and their median.",
                                 table=_html_table(calls.to_dict("records"), list(calls.columns))))
+        paths = path_frame(confirm)
+        if len(paths):
+            secs.append(Section("confirm_paths", "Did the replays take the engine's path?",
+                                "Each measured run's scheduling decisions (every call's kind, requests and tokens, "
+                                "in order) against the replays': how many replays made the same decisions, and "
+                                "where the replay at typical call times parted from the run (the engine's time, "
+                                "what each did, how far the replay's clock ran ahead, and the earlier call whose "
+                                "time it missed by most). A tail that misses where the paths part is a different "
+                                "run, not a mispriced call.",
+                                table=_html_table(paths.to_dict("records"), list(paths.columns))))
         summary["confirm"] = {"settings": sorted(set(cf["label"])) if len(cf) else [],
                               "median_abs_rel_error": float(cf["rel_error"].abs().median()) if len(cf) else None}
     else:
