@@ -95,8 +95,8 @@ def summary(paths: dict) -> str:
         return line + "; the replay at typical times took every run's path"
     p = gone["parted"]
     return (line + f"; r{gone['repeat']}: the replay at typical times parts at {p['at_s']:.2f} s (call {p['call']}: "
-            f"the engine ran {p['engine']}, the replay {p['replay']}), its clock {p['replay_ahead_s']:+.2f} s "
-            f"ahead of the engine's"
+            f"the engine ran {p['engine']}, the replay {p['replay']}), its clock {abs(p['replay_ahead_s']):.2f} s "
+            f"{'ahead of' if p['replay_ahead_s'] >= 0 else 'behind'} the engine's"
             + (f"; the call it missed most before: {p['missed']} at {p['missed_at_s']:.2f} s, "
                f"{p['missed_measured_s'] * 1e3:.0f} ms measured, {p['missed_replayed_s'] * 1e3:.0f} ms replayed"
                if p["missed"] else ""))

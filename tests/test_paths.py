@@ -44,7 +44,9 @@ def test_a_replay_that_runs_fast_parts_where_the_engine_prefills_the_late_reques
     assert report["runs"][0]["parted"]["call"] == i
     line = summary(report)
     assert f"parts at {engine.calls[i].start:.2f} s (call {i}: the engine ran prefill b (16 tokens), " \
-           f"the replay decode a)" in line and "decode a at" in line
+           f"the replay decode a), its clock {p.replay_ahead_s:.2f} s ahead of the engine's" in line
+    assert "decode a at" in line
+    assert "s behind the engine's" in summary(paths_of([replay], [0], [engine], engine))  # the other way round
 
 
 def test_a_path_that_ends_first_parts_at_its_end():
