@@ -154,25 +154,19 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
         if len(cf) and cf["rel_error"].notna().any():
             secs.append(Section("confirm_error", "Prediction error", "Relative error of each prediction.",
                                 confirm_error_chart(cf)))
-        calls = call_frame(confirm)
-        if len(calls):
-            secs.append(Section("confirm_calls", "Per-call predicted/measured",
-                                "Every call of the measured runs priced by the cost model from its logged "
-                                "shape: predicted/measured by call kind and size bucket (median, p10 and p90 "
-                                "over the calls of all the setting's repeats), so a miss in a run metric shows "
-                                "the calls it comes from; where the runs counted page faults, how many calls "
-                                "faulted over 1 MiB of fresh memory and their median.",
-                                table=_html_table(calls.to_dict("records"), list(calls.columns))))
-        paths = path_frame(confirm)
-        if len(paths):
-            secs.append(Section("confirm_paths", "Did the replays take the engine's path?",
-                                "Each measured run's scheduling decisions (every call's kind, requests and tokens, "
-                                "in order) against the replays': how many replays made the same decisions, and "
-                                "where the replay at typical call times parted from the run (the engine's time, "
-                                "what each did, how far the replay's clock ran ahead, and the earlier call whose "
-                                "time it missed by most). A tail that misses where the paths part is a different "
-                                "run, not a mispriced call.",
-                                table=_html_table(paths.to_dict("records"), list(paths.columns))))
+        secs += _table_section("confirm_calls", "Per-call predicted/measured", call_frame(confirm),
+                               "Every call of the measured runs priced by the cost model from its logged "
+                               "shape: predicted/measured by call kind and size bucket (median, p10 and p90 "
+                               "over the calls of all the setting's repeats), so a miss in a run metric shows "
+                               "the calls it comes from; where the runs counted page faults, how many calls "
+                               "faulted over 1 MiB of fresh memory and their median.")
+        secs += _table_section("confirm_paths", "Did the replays take the engine's path?", path_frame(confirm),
+                               "Each measured run's scheduling decisions (every call's kind, requests and tokens, "
+                               "in order) against the replays': how many replays made the same decisions, and "
+                               "where the replay at typical call times parted from the run (the engine's time, "
+                               "what each did, how far the replay's clock ran ahead, and the earlier call whose "
+                               "time it missed by most). A tail that misses where the paths part is a different "
+                               "run, not a mispriced call.")
         summary["confirm"] = {"settings": sorted(set(cf["label"])) if len(cf) else [],
                               "median_abs_rel_error": float(cf["rel_error"].abs().median()) if len(cf) else None}
     else:
@@ -196,6 +190,13 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
     else:
         secs.append(Section("calibration", "Calibration quality", "", note="skipped: no --profile given"))
     return secs, summary
+
+
+def _table_section(name: str, title: str, frame, about: str) -> list[Section]:
+    """A section that is only a table of `frame`'s rows; none for an empty frame (a report from
+    before the table existed)."""
+    return [Section(name, title, about, table=_html_table(frame.to_dict("records"), list(frame.columns)))] \
+        if len(frame) else []
 
 
 def column(df, name: str) -> str:
