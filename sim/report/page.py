@@ -164,9 +164,9 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
                                "Each measured run's scheduling decisions (every call's kind, requests and tokens, "
                                "in order) against the replays': how many replays made the same decisions, and "
                                "where the replay at typical call times parted from the run (the engine's time, "
-                               "what each did, how far the replay's clock ran ahead, and the earlier call whose "
-                               "time it missed by most). A tail that misses where the paths part is a different "
-                               "run, not a mispriced call.")
+                               "what each did, how far the replay's clock ran ahead (negative: behind), and the "
+                               "earlier call whose time it missed by most). A tail that misses where the paths "
+                               "part is a different run, not a mispriced call.")
         summary["confirm"] = {"settings": sorted(set(cf["label"])) if len(cf) else [],
                               "median_abs_rel_error": float(cf["rel_error"].abs().median()) if len(cf) else None}
     else:
