@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 import mlx.core as mx
 
 from calibrate.blas import blas_in_use
+from calibrate.malloc import keep_freed_memory
 
 
 def _cpu_name() -> str:
@@ -71,6 +72,7 @@ def host_info() -> dict:
         "mlx": _version("mlx"),
         "mlx_lm": _version("mlx-lm"),
         "blas": blas_in_use() if kind == "cpu" else "n/a (GPU)",
+        "malloc": keep_freed_memory(),  # freed memory stays with the engine's process (`calibrate.malloc`)
         # what MLX lets this process allocate (on a Mac: from the GPU's working set; here: from RAM),
         # the device's room for weights and KV cache (`sim.memory.device_kv_tokens`)
         "memory_limit_bytes": int(mx.get_memory_limit()),

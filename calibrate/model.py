@@ -20,6 +20,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import qwen3
 
+from calibrate.malloc import keep_freed_memory
 from sim.errors import UserError
 
 _COMMON = dict(
@@ -139,6 +140,7 @@ def build_model(
     """
     if name not in QWEN3_CONFIGS:
         raise ModelError(f"unknown model {name!r}; known: {', '.join(QWEN3_CONFIGS)}")
+    keep_freed_memory()  # before the weights: the engine's process keeps what it frees (`calibrate.malloc`)
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
     if quant_bits not in (None, 4, 8):
