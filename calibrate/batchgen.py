@@ -36,6 +36,7 @@ from calibrate.executor import RealRun, add_faults, minor_faults, prompt_tokens
 from calibrate.mlxlm_batches import G
 from calibrate.model import LoadedModel, reset_peak
 from policies.mlxlm import MlxLm
+from sim.kvcache import Heap
 from sim.state import EngineState
 from sim.work import BatchPrefill, FirstForward, Generate, JoinPrompt, Work
 from traces.trace import Trace
@@ -91,11 +92,11 @@ class RunCheck:
         return not self.policy_mismatches and not self.shape_mismatches
 
 
-def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, largest: int = 0,
-                        on_call=None) -> tuple[RealRun, RunCheck, int]:
+def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, heap: Heap | None = None,
+                        on_call=None) -> tuple[RealRun, RunCheck, Heap]:
     """Serve `trace` with a fresh BatchGenerator under `setting` (the mlx-lm policy's options) in
-    real time; the run (pdsim's log, greedy outputs), what it found, and the largest KV array
-    the state followed (the next run's `largest`). `on_call(state, generator)` after every `next()`."""
+    real time; the run (pdsim's log, greedy outputs), what it found, and the process's heap after
+    it, as the state followed it (the next run's `heap`). `on_call(state, generator)` after every `next()`."""
     policy = MlxLm(**{k: v for k, v in setting.items() if k != "policy"})
     t0 = time.perf_counter()
     clock = lambda: time.perf_counter() - t0
@@ -104,7 +105,7 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, largest: i
                            prefill_batch_size=policy.prompt_concurrency, prefill_step_size=policy.prefill_step,
                            stream=mx.default_stream(mx.default_device()))
     watch.gen = gen
-    state, check = EngineState(trace, largest), RunCheck()
+    state, check = EngineState(trace, heap), RunCheck()
     prompts = {r.id: prompt_tokens(r, lm.vocab_size) for r in trace.requests}
     outputs: dict[str, list[int]] = {r.id: [] for r in trace.requests}
     rid_of: dict[int, str] = {}
@@ -149,7 +150,7 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, largest: i
         gen.close()
     state.log.peak_memory = float(mx.get_peak_memory() - foreign)
     add_faults(state.log, state.log.call_count, [])
-    return RealRun(state.log, outputs, idle, inserted), check, state.kv.largest
+    return RealRun(state.log, outputs, idle, inserted), check, state.kv.released()
 
 
 def _observed(state: EngineState, prompt_out, gen_out, rid_of: dict[int, str], done: dict[str, int]) -> list[Work]:

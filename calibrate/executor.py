@@ -21,6 +21,7 @@ import mlx.core as mx
 from calibrate.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
 from calibrate.model import LoadedModel, reset_peak
 from policies.base import Policy
+from sim.kvcache import Heap
 from sim.kvlimit import kv_limit_of, next_work
 from sim.log import EventLog
 from sim.memory import kv_bytes_per_token
@@ -64,13 +65,13 @@ class RealRun:
 class RealEngine:
     lm: LoadedModel
     caches: dict[str, Cache] = field(default_factory=dict)
-    largest: int = 0  # the largest KV array this process allocated in earlier runs (`sim.kvcache`)
+    heap: Heap = field(default_factory=Heap)  # the process's heap as earlier runs left it (`sim.kvcache`)
     kv_capacity: int | None = None  # the device's KV tokens, as the profile predicts them (`sim.kvlimit.kv_limit_of`)
 
     def run(self, trace: Trace, policy: Policy, on_call=None) -> RealRun:
         """Serve `trace` under `policy` in real time; requests arrive at their trace times."""
         limit = kv_limit_of(policy, kv_bytes_per_token(self.lm.config, self.lm.dtype), self.kv_capacity)
-        state = EngineState(trace, self.largest, kv_limit=limit)
+        state = EngineState(trace, self.heap, kv_limit=limit)
         self.caches, self.batch = {}, DecodeBatch(self.lm)
         self.mlx = None
         if getattr(policy, "engine", "pdsim") == "mlx-lm":
@@ -107,7 +108,7 @@ class RealEngine:
                 self._free_finished(item, state)
                 if on_call:
                     on_call(state)
-        self.largest = state.kv.largest
+        self.heap = state.kv.released()
         add_faults(state.log, state.log.call_count, [])  # calls logged after the last item
         state.log.peak_memory = float(mx.get_peak_memory() - foreign)
         return RealRun(state.log, self.outputs, idle)

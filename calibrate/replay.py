@@ -133,12 +133,12 @@ def between_calls_share(logs: list[EventLog]) -> float:
 
 def relogged(trace: Trace, log: dict, setting: dict, policy_cost=None, kv_bytes: int | None = None) -> EventLog:
     """A worker run's log (`calibrate.worker`: a warm-up, then `trace` under `setting`) with what
-    the state machine derives from its calls (KV buffers written, fresh memory against the
-    warm-up's largest array) recomputed by today's rules, at the measured times. `policy_cost`:
+    the state machine derives from its calls (KV buffers written, fresh memory beyond what the
+    warm-up left) recomputed by today's rules, at the measured times. `policy_cost`:
     the cost model the run's policy priced its chunks with (an `auto:MS` budget), so the warm-up
     replayed here makes the run's decisions; `kv_bytes`: the model's bytes per KV token, for a
     setting's KV limit in GB (`sim.memory`)."""
     # shapes only: the warm-up's requests arrive at t=0
     cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0), kv_bytes=kv_bytes)
-    largest = warmed(warmup_trace(trace), policies.make(**setting, cost=policy_cost or cost), cost)
-    return relog(trace, EventLog.from_dict(log), largest)
+    heap = warmed(warmup_trace(trace), policies.make(**setting, cost=policy_cost or cost), cost)
+    return relog(trace, EventLog.from_dict(log), heap)

@@ -60,13 +60,13 @@ def run_spec(spec: dict) -> dict:
 def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
     from calibrate.batchgen import run_batch_generator
     from calibrate.mlxlm_batches import installed_version
-    largest, checks, probe = 0, [], Probe(lm, spec.get("probe"))
+    heap, checks, probe = None, [], Probe(lm, spec.get("probe"))
     for _ in range(spec.get("warmup", 1)):  # the warm-ups' calls are checked too, not kept (as pdsim's)
-        _, check, largest = run_batch_generator(lm, warmup_trace(trace), spec["setting"], largest)
+        _, check, heap = run_batch_generator(lm, warmup_trace(trace), spec["setting"], heap)
         checks.append(check)
     probe.run()
     t0 = time.perf_counter()
-    run, check, _ = run_batch_generator(lm, trace, spec["setting"], largest)
+    run, check, _ = run_batch_generator(lm, trace, spec["setting"], heap)
     wall = time.perf_counter() - t0
     probe.run()
     checks.append(check)

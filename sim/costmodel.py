@@ -56,12 +56,12 @@ class ProfileError(ValueError):
 class CostModel(Protocol):
     iteration: float  # host work per scheduler iteration (policy, bookkeeping), seconds
     copy: float  # seconds per token-row of KV buffer a call allocates and fills (`sim.kvcache`)
-    fresh: float  # and more per such row in an array larger than any before it (fresh memory)
+    fresh: float  # and more per such row in fresh memory (beyond what the process freed: `sim.kvcache`)
     gather: float | None  # per token-row instead of `copy` in a sync where requests only leave (None: `copy`)
     fresh_step: float | None  # instead of `fresh` where a prefill or decode grows a buffer (None: `fresh`)
     grow: float | None  # instead of `copy` per token-row a decode's own growth writes (None: `copy`)
-    grow_single: float | None  # per token-row a single decode's own growth writes, fresh or not (None: `grow`)
-    grow_single_faults: float | None  # of which its page faults, at the calibration's dear price (None: not split)
+    grow_single: float | None  # per token-row a single decode's own growth writes, if fresh (None: `grow`)
+    grow_single_faults: float | None  # of which its page faults, paid by fresh rows only (None: not split)
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 
@@ -114,9 +114,13 @@ def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, s
     the profile has one: measured on meTile's runs it cost 100-980 us a row, a median of about 450,
     as much where the array was larger than any before as where it was not (README, stop 32), and
     the batch cache's growths cost 50-300. What it costs is its page faults (since stop 36 the fit
-    prices them at the dear page: `calibrate.fit.fit_grow_single`)."""
+    prices them at the dear page: `calibrate.fit.fit_grow_single`), and since stop 40 only its
+    fresh rows pay them (`grow_single_faults` a row; `sim.kvcache.Heap`): meTile's second
+    growth reuses the first request's freed cache under fifo and faults nothing, and under chunked,
+    with that cache still held, faults every page."""
     if grow and single and cost.grow_single is not None:
-        return cost.grow_single * written
+        faults = cost.grow_single_faults
+        return cost.grow_single * written if faults is None else (cost.grow_single - faults) * written + faults * fresh
     per_row = cost.gather if gather and cost.gather is not None else cost.copy
     if grow and cost.grow is not None:
         per_row = cost.grow
@@ -227,12 +231,12 @@ class LinearCostModel:
     decode_knot: float = float("inf")  # context where a row's attention slope goes from c to e
     decode_lone: float | None = None  # a single decode's attention per context token (None: a batch row's)
     copy: float = 0.0  # seconds per token-row of KV buffer allocated and filled in a call
-    fresh: float = 0.0  # more per token-row of it in arrays larger than any before (fresh pages)
+    fresh: float = 0.0  # more per token-row of it in fresh memory (beyond what the process freed)
     gather: float | None = None  # per token-row written by a sync where requests only leave (None: `copy`)
     fresh_step: float | None = None  # per fresh token-row of a prefill's or decode's growth (None: `fresh`)
     grow: float | None = None  # per token-row a decode's own growth writes (None: `copy`)
     grow_single: float | None = None  # per token-row a single decode's own growth writes, fresh or not (None: `grow`)
-    grow_single_faults: float | None = None  # of which its page faults, at the calibration's dear price (None: not split)
+    grow_single_faults: float | None = None  # of which its page faults, paid by fresh rows only (None: not split)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the chunk]
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)

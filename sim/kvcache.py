@@ -15,21 +15,16 @@ joining caches, which costs next to nothing here). A test checks the sizes again
 caches, call by call.
 
 Memory the process has not used before costs more: the kernel maps and zeroes every fresh page
-(a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). An allocator reuses
-freed blocks up to the size it has seen freed (glibc's malloc raises its mmap threshold to the
-largest freed block; MLX's CPU buffer cache keeps only 32 MB of freed buffers by default, each
-served again only to an array of nearly its size), so an array larger than
-any before is fresh memory and a smaller one mostly reuses: `fresh` counts the token-rows of the
-arrays a call allocates that are larger than every array before them in the run. Sizes are only a
-proxy: how much freed memory malloc still holds decides it, and meTile's 256 -> 512 growths cost
-300-900 us a row whatever came before (README, stop 31), so a single decode's own growth has one
-price, fresh or not, timed in a calibration run of its own (`grow_single`, stop 32). The real
-engine counts each call's page faults (`EventLog.faults`), which measure what this estimates:
-on a bursty trace (README, stop 34) joins that built no array larger than before faulted 90-180 MB
-and ran 4-8x their price, and the process gave memory back after some leaves and not others. Over
-a whole round (stop 34, round 7) every join this estimate called fresh faulted, but 39 of the 101
-joins that faulted it called reused, and those ran at half their price
-(`benchmarks/fault_table.py` prints the split).
+(a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). The engine's process
+keeps what it frees (`calibrate.malloc`: glibc serves blocks up to 32 MiB from its heap and never
+trims it), so `KVBuffers` follows what the caches free as well as what they allocate (`Heap`):
+an array takes from the freed memory first, and `fresh` counts the token-rows it lacks there, the
+pages the process faults in (a batch rebuild's arrays only where they are a new largest shape). The real engine counts each call's page
+faults (`EventLog.faults`), which measure what this estimates (`benchmarks/fault_table.py` splits
+the calls by both). Until stop 40 the process ran on glibc's defaults, which hand large freed
+blocks back to the kernel, and `fresh` counted the rows of arrays larger than any before: a join
+that built no larger array faulted 90-180 MB in some runs and none in others (stop 34), by the
+allocator's history, and meTile's second growth, freed memory to reuse or not, cost the same.
 
 mlx-lm's `BatchGenerator` keeps two batch caches, the prompt batch and the generation batch
 (`BatchCache`, with every row's left padding), rebuilt by the same operations plus a roll of the
@@ -56,13 +51,51 @@ def write(cap: int, idx: int, n: int) -> tuple[int, int]:
 
 
 @dataclass
+class Heap:
+    """The engine process's heap as far as the KV caches go, in token-rows (as `KVBuffers` counts
+    them: one array per layer's keys and values): the memory they freed, which the process keeps
+    (`calibrate.malloc`), and the largest array built so far.
+
+    An array takes what it needs from the freed memory first, and what it lacks there is fresh,
+    the pages the process faults in. A step's growth (a request's cache, or the batch's, replaced
+    by a larger one) is fresh by that alone. A batch rebuild's arrays (its pads, concatenations and
+    gathers, the largest and newest shapes) are fresh only if, besides, no array as large was
+    built before: freed memory lies in pieces no larger than what was freed, so the process may
+    hold enough in all and still fault a new shape in. Over stop 40's runs, faults counted call by
+    call (63 joins, 62 growing decodes, 4 single growths), this missed by 7.5k, 0.2k and 0.3k
+    token-rows in all where the largest array alone (the rule before) missed by 13.9k, 4.0k and
+    1.0k, and the freed memory alone by 12.6k, 0.2k and 0.3k."""
+    free: int = 0
+    largest: int = 0
+
+    def copy(self) -> "Heap":
+        return Heap(self.free, self.largest)
+
+    def take(self, rows: int, step: bool = False) -> int:
+        """An array of `rows` allocated by a step's growth (`step`) or a batch rebuild: its fresh rows."""
+        lacking = max(0, rows - self.free)
+        self.free -= rows - lacking
+        new_shape = rows > self.largest
+        self.largest = max(self.largest, rows)
+        return lacking if step or new_shape else 0
+
+    def reuse(self, rows: int) -> None:
+        """An array of `rows` built from freed memory alone, not priced (a merge, `KVBuffers.sync`)."""
+        self.free -= min(self.free, rows)
+
+    def give(self, rows: int) -> None:
+        """An array of `rows` freed."""
+        self.free += max(0, rows)
+
+
+@dataclass
 class KVBuffers:
     """Buffer capacity of every request's own cache and of the batch cache (rows, `_idx`, capacity)."""
     own: dict[str, int] = field(default_factory=dict)  # rid -> capacity of its per-request cache
     rows: tuple[str, ...] = ()  # the batch cache's rows, in order
     idx: int = 0  # the batch cache's `_idx`: its longest row, left padding included
     cap: int = 0
-    largest: int = 0  # the largest array allocated so far in the run (token-rows, one layer's keys)
+    heap: Heap = field(default_factory=Heap)  # what the caches freed (the process keeps it), the largest array
     written: int = 0  # token-rows allocated and filled, and of them fresh, since `take` last ran
     fresh: int = 0
     built: int = 0  # the largest of those arrays; `take` moves it to `call_largest` (the last call's)
@@ -72,16 +105,27 @@ class KVBuffers:
 
     def what_if(self) -> "KVBuffers":
         """A copy to follow a call on without changing these buffers (the batch caches copied too)."""
-        return KVBuffers(dict(self.own), self.rows, self.idx, self.cap, self.largest, self.written, self.fresh,
+        return KVBuffers(dict(self.own), self.rows, self.idx, self.cap, self.heap.copy(), self.written, self.fresh,
                          self.built, self.call_largest, self.prompt.copy(), self.gen.copy())
 
-    def _new(self, rows: int) -> None:
-        """One new array of `rows` token-rows (each layer's keys and values alike)."""
+    def _new(self, rows: int, step: bool = False) -> None:
+        """One new array of `rows` token-rows (each layer's keys and values alike), a step's growth
+        (`step`) or a batch rebuild's (`Heap.take`)."""
         self.written += rows
         self.built = max(self.built, rows)
-        if rows > self.largest:
-            self.fresh += rows
-            self.largest = rows
+        self.fresh += self.heap.take(rows, step)
+
+    def _drop(self, rows: int) -> None:
+        """An array of `rows` token-rows freed: the process keeps its memory for the next."""
+        self.heap.give(rows)
+
+    def released(self) -> Heap:
+        """The heap once a run drops every cache: what it freed, and every buffer still held (the
+        next run's start, `calibrate.executor`)."""
+        out = self.heap.copy()
+        for rows in (*self.own.values(), len(self.rows) * self.cap, *self.prompt.buffers(), *self.gen.buffers()):
+            out.give(rows)
+        return out
 
     def resident(self) -> int:
         """Token-rows of KV buffer held now, by capacity: every request's own cache (kept while the
@@ -97,9 +141,11 @@ class KVBuffers:
     def prefill(self, rid: str, prefix: int, n: int) -> tuple[int, int]:
         """A prompt chunk of n tokens after `prefix` cached ones, on the request's own cache:
         (written, fresh) token-rows."""
-        self.own[rid], grown = write(self.own.get(rid, 0), prefix, n)
-        if grown:
-            self._new(grown)
+        old = self.own.get(rid, 0)
+        self.own[rid], grown = write(old, prefix, n)
+        if grown:  # a new buffer, the old one copied into it and freed
+            self._new(grown, step=True)
+            self._drop(old)
         return self.take()
 
     def decode_one(self, rid: str, cached: int) -> tuple[int, int]:
@@ -114,10 +160,12 @@ class KVBuffers:
         if rids != self.rows:
             self.sync(rids, cached)
             synced = self.take()
+        old = self.cap
         self.cap, grown = write(self.cap, self.idx, 1)
         self.idx += 1
         if grown:
-            self._new(len(rids) * grown)
+            self._new(len(rids) * grown, step=True)
+            self._drop(len(rids) * old)
         return synced, self.take()
 
     def sync(self, rids: tuple[str, ...], cached: dict[str, int]) -> None:
@@ -129,55 +177,69 @@ class KVBuffers:
                 self.own[r] = cached[r]
                 self._new(cached[r])
         if not kept:
+            self._drop(len(self.rows) * self.cap)
             self.idx = self.cap = 0
         elif len(kept) < len(self.rows):
-            self._filter(kept, cached)
+            self._filter(kept, cached, len(self.rows))
         if joining:
             # merge: an exact-size buffer, no spare room, filled from caches just written; it copies
             # at memory speed from memory the allocator just freed (one request at 60-290 tokens:
             # 1-2 ms, no page faults, against ~50 us per token-row for pad, concatenate and
-            # gather), so it is not counted
+            # gather), so it is not counted, only followed as memory taken
             longest = max(cached[r] for r in joining)
+            merged = len(joining) * longest
+            self.heap.reuse(merged)
             if not kept:
                 self.idx = self.cap = longest
             else:  # extend: both sides padded to one size where they differ, then concatenated
                 idx, size = max(self.idx, longest), max(self.cap, longest)
+                copies = [merged, len(kept) * self.cap]  # the inputs, freed once the concatenation is built
                 for n, i, c in ((len(kept), self.idx, self.cap), (len(joining), longest, longest)):
                     left = idx - i
                     if left or size - c - left > 0:
                         self._new(n * size)
+                        copies.append(n * size)
                 self._new((len(kept) + len(joining)) * size)
+                for rows in copies:
+                    self._drop(rows)
                 self.idx, self.cap = idx, size
         if kept + joining != list(rids):  # same members, another order: a gather of every row
-            self._filter(list(rids), cached)
+            self._filter(list(rids), cached, len(kept) + len(joining))
         self.rows = tuple(rids)
 
-    def _filter(self, kept: list[str], cached: dict[str, int]) -> None:
-        """`BatchKVCache.filter`: gather the kept rows, then drop the padding they all share (a view)."""
+    def _filter(self, kept: list[str], cached: dict[str, int], held: int) -> None:
+        """`BatchKVCache.filter` of a batch of `held` rows: gather the kept rows (the old buffer
+        freed), then drop the padding they all share (a view)."""
         self._new(len(kept) * self.cap)
+        self._drop(held * self.cap)
         shift = self.idx - max(cached[r] for r in kept)
         self.idx -= shift
         self.cap -= shift
 
     def finish(self, rid: str) -> None:
         """A finished request's own cache is dropped (its batch row goes at the next sync)."""
-        self.own.pop(rid, None)
+        self._drop(self.own.pop(rid, 0))
 
     def preempt(self, rid: str, freed: object) -> None:
         """A preempted request's own cache is dropped, and its batch row is marked `freed` (an
         object no request's id equals), so the next sync filters it out as a leave, as the real
         executor's batch does (`calibrate.executor`), even if the request has rejoined by then."""
-        self.own.pop(rid, None)
+        self._drop(self.own.pop(rid, 0))
         if rid in self.rows:
             self.rows = tuple(freed if r == rid else r for r in self.rows)
 
     # --- mlx-lm's BatchGenerator: the prompt batch and the generation batch ---------------------
 
     def _settle(self, cache: "BatchCache") -> None:
-        """A call evaluates `cache`: the lazy arrays it owes are allocated and filled now."""
+        """A call evaluates `cache`: the lazy arrays it owes are allocated and filled now, each
+        built from the one before it, which is freed, and so are the buffers it was built from."""
         for rows in cache.owed:
             self._new(rows)
-        cache.owed = []
+            self._drop(cache.live)
+            cache.live = rows
+        for rows in cache.dropped:
+            self._drop(rows)
+        cache.owed, cache.dropped = [], []
 
     def join_prompt(self, rids: tuple[str, ...]) -> tuple[int, int]:
         """Requests with empty caches join the prompt batch (merge, then `extend`): lazy, (0, 0)."""
@@ -219,6 +281,8 @@ class KVBuffers:
         c = self.gen
         keep = [i for i, r in enumerate(c.rows) if r not in leaving]
         if not keep:
+            for rows in (c.live, *c.dropped):
+                self._drop(rows)
             self.gen = BatchCache()
         elif len(keep) < len(c.rows):
             c.filter(keep)
@@ -236,9 +300,16 @@ class BatchCache:
     cap: int = 0
     keys: bool = False  # whether it holds buffers (a merge of empty caches holds none)
     owed: list[int] = field(default_factory=list)
+    live: int = 0  # token-rows of the buffer allocated last (`KVBuffers.heap` follows it)
+    dropped: list[int] = field(default_factory=list)  # buffers freed once the owed arrays are built
 
     def copy(self) -> "BatchCache":
-        return BatchCache(list(self.rows), list(self.pad), self.idx, self.cap, self.keys, list(self.owed))
+        return BatchCache(list(self.rows), list(self.pad), self.idx, self.cap, self.keys, list(self.owed), self.live,
+                          list(self.dropped))
+
+    def buffers(self) -> list[int]:
+        """Token-rows of every buffer allocated for this batch and not yet freed."""
+        return [self.live, *self.dropped]
 
     def held(self) -> int:
         """Token-rows of buffer this batch holds (every row at the shared capacity)."""
@@ -281,11 +352,13 @@ class BatchCache:
         first forward runs before the prompt call), so it owes what the two share."""
         idx = sorted(idx)
         other = self.copy()
+        other.live, other.dropped = 0, []  # its gather is built from this batch's buffer
         rest = [i for i in range(len(self.rows)) if i not in idx]
         self.owed = []
         if rest:
             self.filter(rest)
-        else:
+        else:  # the buffer goes once the split's gather is built
+            other.dropped, self.live, self.dropped = [self.live, *self.dropped], 0, []
             self.rows, self.pad, self.idx, self.cap, self.keys = [], [], 0, 0, False
         other.filter(idx)
         return other
@@ -297,8 +370,11 @@ class BatchCache:
             self.rows, self.pad, self.idx, self.cap, self.keys = (list(other.rows), list(other.pad), other.idx,
                                                                   other.cap, other.keys)
             self.owed = self.owed + other.owed
+            self.dropped = self.dropped + [self.live] + other.dropped
+            self.live = other.live
             return
         self.owed = self.owed + other.owed
+        self.dropped = self.dropped + other.buffers()  # the joining batch's buffer: an input of the concatenation
         if not self.keys and not other.keys:
             self.rows += other.rows
             self.pad += other.pad

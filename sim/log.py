@@ -33,7 +33,7 @@ class Call(NamedTuple):
     iteration: int = 0
     written: int = 0  # token-rows of KV buffer the call allocated and filled (`sim.kvcache`)
     batched: bool = True  # decode: one call on the batch cache, or on the request's own cache
-    fresh: int = 0  # of `written`, token-rows in arrays larger than any before (fresh memory)
+    fresh: int = 0  # of `written`, token-rows in fresh memory (beyond what the process freed: `sim.kvcache`)
     chunks: tuple[int, ...] = ()  # prompt: each row's chunk (real tokens)
 
 

@@ -3,6 +3,7 @@ buffers written, fresh memory, the work each call was) recomputed at the measure
 log written by an older pdsim, or by the real engine, is priced and scored by today's rules."""
 from __future__ import annotations
 
+from sim.kvcache import Heap
 from sim.log import Call, EventLog
 from sim.memory import MemoryModel
 from sim.state import EngineState
@@ -10,14 +11,14 @@ from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, P
 from traces.trace import Trace
 
 
-def relog(trace: Trace, log: EventLog, largest: int = 0, memory: MemoryModel | None = None) -> EventLog:
+def relog(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryModel | None = None) -> EventLog:
     """A measured log's calls through today's state machine, at their measured times: what the
     state derives from the calls (KV buffers written, fresh memory) recomputed with today's rules,
     for a log written before them. Single decodes need the log's `batched` flag (logs since 0.2).
     mlx-lm's calls are rebuilt as the work they were (`work_of`), their prompt-batch joins inferred.
     The measured peak memory and page faults are kept; with `memory`, the log's peak is that
     model's prediction for these very calls instead."""
-    state, sync = EngineState(trace, largest, memory=memory), None
+    state, sync = EngineState(trace, heap, memory=memory), None
     order = {r.id: i for i, r in enumerate(trace.requests)}
     prompting: dict[int, list[str]] = {}  # iteration -> the rows of its first forward and prompt calls
     for c in log.calls:

@@ -11,6 +11,7 @@ import simpy
 
 from policies.base import Policy
 from sim.costmodel import CostModel, ProfileError
+from sim.kvcache import Heap
 from sim.kvlimit import kv_limit_of, next_work
 from sim.log import EventLog
 from sim.state import EngineError, EngineState
@@ -38,7 +39,7 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
         raise ProfileError(f"the profile prices mlx-lm's BatchGenerator only (`pdsim calibrate --engine mlx-lm`); "
                            f"policy {policy.name!r} runs on pdsim's engine: calibrate without --engine for it")
     limit = kv_limit_of(policy, getattr(cost, "kv_bytes", None), getattr(cost, "kv_capacity", None))
-    state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else 0, log,
+    state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else None, log,
                         getattr(cost, "memory", None), limit)
     _serve(state, policy, cost, steady and noise is None, noise)
     return state.log
@@ -49,12 +50,12 @@ def engine_of(policy: Policy) -> str:
     return getattr(policy, "engine", "pdsim")
 
 
-def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> int:
-    """The largest KV array a process allocates serving `warmup` (`sim.kvcache`)."""
+def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> Heap:
+    """The process's heap after serving `warmup`, every cache dropped (`sim.kvcache`)."""
     state = EngineState(warmup, kv_limit=kv_limit_of(policy, getattr(cost, "kv_bytes", None),
                                                      getattr(cost, "kv_capacity", None)))
     _serve(state, policy, cost, True)
-    return state.kv.largest
+    return state.kv.released()
 
 
 def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from sim.errors import InputError
-from sim.kvcache import KVBuffers, write
+from sim.kvcache import Heap, KVBuffers, write
 from sim.log import Call, Column, EventLog, RequestInfo, Stretch
 from sim.memory import MemoryModel, PeakMemory
 from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
@@ -97,9 +97,9 @@ class EngineState:
     generation batch is `ready`, in the batch's order.
     """
 
-    def __init__(self, trace: Trace, largest: int = 0, log: EventLog | None = None,
+    def __init__(self, trace: Trace, heap: Heap | None = None, log: EventLog | None = None,
                  memory: MemoryModel | None = None, kv_limit: int | None = None):
-        """`largest`: the largest KV array the process allocated before this run (its warm-up);
+        """`heap`: the process's heap as this run finds it (after its warm-up: `sim.kvcache.Heap`);
         `log`: where calls and tokens go (default a new `EventLog`; `sim.scored_log.ScoredLog`
         tallies a long run instead of keeping it); `memory`: the profile's memory model, whose
         largest call peak goes to the log as `peak_memory` (`sim.memory`; None: not priced);
@@ -117,7 +117,7 @@ class EngineState:
         # queue holds a million requests, most of the replay's time)
         self.queued: OrderedDict[str, RequestState] = OrderedDict()
         self.ready: dict[str, RequestState] = {}
-        self.kv = KVBuffers(largest=largest)  # the KV caches' buffers (and the batch cache's rows)
+        self.kv = KVBuffers(heap=heap.copy() if heap else Heap())  # the KV caches' buffers, the batch's rows
         self.finished = 0
         self.arrived = 0
         self.log = EventLog() if log is None else log
@@ -254,7 +254,7 @@ class EngineState:
             grown = len(work.rids) * _grown(kv.cap, kv.idx, 1)
         else:  # a batch change, single decodes, mlx-lm's batches: follow them on a copy
             return self._kv_apply(work, 0, kv.what_if())
-        return NONE, (grown, grown if grown > kv.largest else 0)
+        return NONE, (grown, kv.heap.copy().take(grown, step=True))
 
     def what_if(self, work: list[Work]) -> "EngineState":
         """A scratch copy to follow pdsim's `work` on without changing this state: the requests it

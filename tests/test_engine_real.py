@@ -4,6 +4,7 @@ import pytest
 import policies
 from calibrate.executor import RealEngine
 from calibrate.model import build_model
+from sim.kvcache import Heap
 from sim.metrics import score
 from traces.generators import metile_ab, tinyllm
 
@@ -93,7 +94,7 @@ def test_simulated_calls_write_the_buffers_the_real_ones_do(engine, setting):
     from sim.relog import relog
     trace, warm = tinyllm(5, 20, 280, 2, 12, seed=6, vocab=1024), tinyllm(2, 30, 60, 3, 3, seed=7, vocab=1024)
     policy = policies.make(**setting)
-    engine.largest = 0
+    engine.heap = Heap()  # a process that has freed nothing yet
     engine.run(warm, policy)
     real = engine.run(trace, policy).log.calls
     cost = LinearCostModel((1e-3, 1e-5, 1e-8), (1e-3, 1e-4, 1e-7), copy=1e-6, fresh=1e-6)
@@ -106,7 +107,7 @@ def test_simulated_calls_write_the_buffers_the_real_ones_do(engine, setting):
     bare = EventLog()
     for c in real:  # a log from before KV buffers were logged
         bare.add(c._replace(written=0, fresh=0))
-    again = relog(trace, bare, largest=warmed(warm, policy, cost))
+    again = relog(trace, bare, heap=warmed(warm, policy, cost))
     assert [shape(c) for c in again.calls] == [shape(c) for c in real]
 
 

@@ -8,6 +8,7 @@ from calibrate.executor import RealEngine
 from calibrate.model import build_model
 from sim.costmodel import LinearCostModel
 from sim.memory import kv_bytes_per_token
+from sim.kvcache import Heap
 from sim.metrics import score
 from sim.replay import simulate, warmed
 from sim.relog import relog
@@ -53,7 +54,7 @@ def test_preemptions_are_the_simulators_and_recompute_keeps_the_tokens(engine, t
     derives them again; and every request's greedy tokens equal an unlimited run's."""
     policy = policies.make(**setting)
     warm = tinyllm(2, 10, 20, 3, 3, seed=7, vocab=1024)
-    engine.largest = 0
+    engine.heap = Heap()  # a process that has freed nothing yet
     engine.run(warm, policy)
     held = []
     run = engine.run(trace, policy, on_call=lambda state: held.append(state.kv_used))
@@ -66,7 +67,7 @@ def test_preemptions_are_the_simulators_and_recompute_keeps_the_tokens(engine, t
     assert max(held) <= setting["kv_limit"]
     assert run.outputs == unlimited  # recomputed caches give the tokens an unpreempted run gives
     assert any(o != unlimited[next(iter(unlimited))] for o in unlimited.values())  # not a degenerate model
-    again = relog(trace, run.log, largest=warmed(warm, policy, COST))
+    again = relog(trace, run.log, heap=warmed(warm, policy, COST))
     assert [shape(c) for c in again.calls] == [shape(c) for c in real]
 
 
