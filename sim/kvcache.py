@@ -19,9 +19,9 @@ Memory the process has not used before costs more: the kernel maps and zeroes ev
 keeps what it frees (`calibrate.malloc`: glibc serves blocks up to 32 MiB from its heap and never
 trims it), so `KVBuffers` follows what the caches free as well as what they allocate (`Heap`):
 an array takes from the freed memory first, and `fresh` counts the token-rows it lacks there, the
-pages the process faults in (a batch rebuild's arrays only where they are a new largest shape). The real engine counts each call's page
-faults (`EventLog.faults`), which measure what this estimates (`benchmarks/fault_table.py` splits
-the calls by both). Until stop 40 the process ran on glibc's defaults, which hand large freed
+pages the process faults in (a batch rebuild's arrays only where they are a new largest shape).
+The real engine counts each call's page faults (`EventLog.faults`), which measure what this
+estimates (`benchmarks/fault_table.py` splits the calls by both). Until stop 40 the process ran on glibc's defaults, which hand large freed
 blocks back to the kernel, and `fresh` counted the rows of arrays larger than any before: a join
 that built no larger array faulted 90-180 MB in some runs and none in others (stop 34), by the
 allocator's history, and meTile's second growth, freed memory to reuse or not, cost the same.
@@ -232,7 +232,9 @@ class KVBuffers:
 
     def _settle(self, cache: "BatchCache") -> None:
         """A call evaluates `cache`: the lazy arrays it owes are allocated and filled now, each
-        built from the one before it, which is freed, and so are the buffers it was built from."""
+        built from the one before it, which is freed, and so are the buffers it was built from.
+        A growth among them is fresh by the rebuilds' rule (`Heap.take`): mlx-lm builds it lazily,
+        with the batch's other copies."""
         for rows in cache.owed:
             self._new(rows)
             self._drop(cache.live)
