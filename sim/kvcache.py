@@ -19,7 +19,7 @@ Memory the process has not used before costs more: the kernel maps and zeroes ev
 keeps what it frees (`calibrate.malloc`: glibc serves blocks up to 32 MiB from its heap and never
 trims it), so `KVBuffers` follows what the caches free as well as what they allocate (`Heap`):
 an array takes from the freed memory first, and `fresh` counts the token-rows it lacks there, the
-pages the process faults in (a batch rebuild's arrays only where they are a new largest shape).
+pages the process faults in (a batch rebuild's arrays: where they are a new largest shape).
 The real engine counts each call's page faults (`EventLog.faults`), which measure what this
 estimates (`benchmarks/fault_table.py` splits the calls by both). Until stop 40 the process ran on glibc's defaults, which hand large freed
 blocks back to the kernel, and `fresh` counted the rows of arrays larger than any before: a join
@@ -56,15 +56,17 @@ class Heap:
     them: one array per layer's keys and values): the memory they freed, which the process keeps
     (`calibrate.malloc`), and the largest array built so far.
 
-    An array takes what it needs from the freed memory first, and what it lacks there is fresh,
-    the pages the process faults in. A step's growth (a request's cache, or the batch's, replaced
-    by a larger one) is fresh by that alone. A batch rebuild's arrays (its pads, concatenations and
-    gathers, the largest and newest shapes) are fresh only if, besides, no array as large was
-    built before: freed memory lies in pieces no larger than what was freed, so the process may
-    hold enough in all and still fault a new shape in. Over stop 40's runs, faults counted call by
-    call (63 joins, 62 growing decodes, 4 single growths), this missed by 7.5k, 0.2k and 0.3k
-    token-rows in all where the largest array alone (the rule before) missed by 13.9k, 4.0k and
-    1.0k, and the freed memory alone by 12.6k, 0.2k and 0.3k."""
+    An array takes what it needs from the freed memory first. A step's growth (a request's cache,
+    or the batch's, replaced by a larger one) is fresh where the freed memory lacks it: the pages
+    the process faults in. A batch rebuild's arrays (its pads, concatenations and gathers) are
+    fresh where they are a new largest shape, every row of them, whatever the process has freed:
+    freed memory lies in pieces no larger than what was freed, and a rebuild's arrays are the
+    largest and newest shapes. Over stop 40's runs, faults counted call by call: the 9 growing
+    decodes (of 89) where the freed memory lacked rows faulted 0.74-0.79 of them (p10-p90), the
+    other 80 faulted 44 rows in all, where the rule before (a new largest shape, for every array)
+    said 6.9k rows for the 0.9k faulted; a join faulted 0.53-0.65 of its new shape's rows (34
+    joins), where the freed memory's shortfall scattered 0.67-1.77, a price no fit can hold.
+    """
     free: int = 0
     largest: int = 0
 
@@ -77,7 +79,7 @@ class Heap:
         self.free -= rows - lacking
         new_shape = rows > self.largest
         self.largest = max(self.largest, rows)
-        return lacking if step or new_shape else 0
+        return lacking if step else rows if new_shape else 0
 
     def reuse(self, rows: int) -> None:
         """An array of `rows` built from freed memory alone, not priced (a merge, `KVBuffers.sync`)."""

@@ -25,15 +25,16 @@ def test_an_array_takes_freed_memory_first_and_the_rest_is_fresh():
     assert heap.free == 0 and copy.free == 10
 
 
-def test_a_rebuilds_array_is_fresh_only_in_a_new_largest_shape():
+def test_a_rebuilds_array_is_fresh_where_it_is_a_new_largest_shape():
     heap = Heap()
-    assert heap.take(500) == 500  # a batch rebuild's first array: a new shape, nothing freed
+    assert heap.take(500) == 500  # a batch rebuild's first array: a new shape
     assert heap.take(400) == 0  # nothing freed, but a shape no larger than before: freed pieces hold it
     heap.give(900)
-    assert heap.take(600) == 0  # a new largest shape, and enough freed memory
-    assert heap.take(700) == 400  # a new largest shape, 300 rows freed: the rest is fresh
+    assert heap.take(600) == 600  # a new largest shape: fresh, whatever was freed
+    assert heap.free == 300 and heap.largest == 600
     heap.reuse(50)  # a merge: memory taken, no shape
-    assert heap.free == 0 and heap.largest == 700
+    assert heap.free == 250 and heap.largest == 600
+    assert heap.take(300, step=True) == 50  # a step's growth: what the freed memory lacks
 
 
 def test_a_grown_cache_frees_its_old_buffer_and_a_finished_one_its_own():
