@@ -6,14 +6,15 @@
 # (about 70 minutes on 2 cores). Clones, venvs and reports under $OUT (default /tmp/pdsim-m15);
 # the summary table: `python3 benchmarks/measure_15_table.py $OUT`. GAMMA_SEED (default 7) picks the
 # gamma workload's seed: a new one each round keeps it a workload nothing was tuned on.
-# TUNES_ONLY=1 stops after the two tunes (about 38 minutes).
+# TUNES_ONLY=1 stops after the two tunes (about 38 minutes); TUNES=B runs calibration B only (its clone
+# and tune, then the seeds and gamma on it).
 set -u
 OUT=${OUT:-/tmp/pdsim-m15}
 GAMMA_SEED=${GAMMA_SEED:-7}
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$OUT"
 export CI=true
-for n in A B; do
+for n in ${TUNES:-A B}; do
   rm -rf "$OUT/$n" "$OUT/venv$n"
   git clone -q "$HERE" "$OUT/$n"
   python3 -m venv "$OUT/venv$n"
