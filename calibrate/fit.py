@@ -241,29 +241,22 @@ def fit_grow(samples: list[dict], forms: dict[str, Form]) -> float | None:
 
 def fit_grow_single(samples: list[dict], forms: dict[str, Form],
                     page: float | None = None) -> tuple[float | None, float | None]:
-    """Per token-row a single decode's own growth writes (a request's own cache) when the rows are
-    fresh memory, and the part of it that is page faults, which only fresh rows pay
-    (`sim.costmodel.kv_copies`). With `page`, the price of a page fault the host backs
-    (`speed_probe.dear_page_seconds`): a row's copy (`grow`) plus the median faults per fresh row
-    over the samples that met fresh memory and counted their faults, at `page` each; where they
-    counted faults and none met fresh memory, a join's price per fresh row (`fresh`: what a fresh row's faults cost; round 15's
-    calibrations priced it at 0.31 ms, their growths' faults at 0.29-0.30). Such a growth costs
-    what its faults cost, 2.5-4 us or 10-22 us each (by whether the guest or the host backed them),
-    and the two or three growths a calibration serves met either by chance: 62 us a row in one of
-    round 8's calibrations and 272 in the other, where its confirm runs' worst growths paid
-    275-555 (README, stop 36). Without `page`: the median over such decodes of their time beyond
-    their price without copies, per row, for every row (None without any samples), and no part
-    is page faults. A confirm prices the faults part at the fault price its probes read
-    (`sim.speed.MachineSpeed.page`)."""
-    k = forms["decode"].copies
-    row = k.copy if k.grow is None else k.grow
-    counted = [s for s in samples if "faults" in s]
-    fresh = [s for s in counted if s["faults"] and s.get("fresh")]
-    if page is not None and fresh:
-        faults = statistics.median(s["faults"] / s["fresh"] for s in fresh) * page
-        return row + faults, faults
-    if page is not None and counted:
-        return row + k.fresh, k.fresh
+    """Per token-row a single decode's own growth writes (a request's own cache, fresh memory or
+    not). With `page`, the price of a page fault the host backs (`speed_probe.dear_page_seconds`),
+    and samples that counted their faults: a row's copy (`grow`) plus the median faults per row
+    written over the faulted samples, at `page` each. Such a growth costs what its faults cost, 2.5-4 us
+    or 10-22 us each (by whether the guest or the host backed them), and the two or three
+    growths a calibration serves met either by chance: 62 us a row in one of round 8's
+    calibrations and 272 in the other, where its confirm runs' worst growths paid 275-555
+    (README, stop 36). Without them: the median over such decodes of their time beyond their
+    price without copies, per row (None without any samples). Returned with the part of it that
+    is page faults (None where it is not priced by faults): a confirm prices that part at the
+    fault price its probes read (`sim.speed.MachineSpeed.page`)."""
+    faulted = [s for s in samples if s.get("faults") and s.get("written")]
+    if page is not None and faulted:
+        faults = statistics.median(s["faults"] / s["written"] for s in faulted) * page
+        k = forms["decode"].copies
+        return (k.copy if k.grow is None else k.grow) + faults, faults
     return _median_beyond(samples, forms, "written", ("written", "fresh")), None
 
 

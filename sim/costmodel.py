@@ -60,8 +60,8 @@ class CostModel(Protocol):
     gather: float | None  # per token-row instead of `copy` in a sync where requests only leave (None: `copy`)
     fresh_step: float | None  # instead of `fresh` where a prefill or decode grows a buffer (None: `fresh`)
     grow: float | None  # instead of `copy` per token-row a decode's own growth writes (None: `copy`)
-    grow_single: float | None  # per token-row a single decode's own growth writes, if fresh (None: `grow`)
-    grow_single_faults: float | None  # of which its page faults, paid by fresh rows only (None: not split)
+    grow_single: float | None  # per token-row a single decode's own growth writes, fresh or not (None: `grow`)
+    grow_single_faults: float | None  # of which its page faults, at the calibration's dear price (None: not split)
 
     def prefill(self, chunk: int, prefix: int) -> float: ...
 
@@ -114,13 +114,11 @@ def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, s
     the profile has one: measured on meTile's runs it cost 100-980 us a row, a median of about 450,
     as much where the array was larger than any before as where it was not (README, stop 32), and
     the batch cache's growths cost 50-300. What it costs is its page faults (since stop 36 the fit
-    prices them at the dear page: `calibrate.fit.fit_grow_single`), and since stop 40 only its
-    fresh rows pay them (`grow_single_faults` a row; `sim.kvcache.Heap`): meTile's second
-    growth reuses the first request's freed cache under fifo and faults nothing, and under chunked,
-    with that cache still held, faults every page."""
+    prices them at the dear page: `calibrate.fit.fit_grow_single`). Stop 40 tried charging them to
+    fresh rows only (`sim.kvcache.Heap`): meTile's first growth, which the heap saw as all fresh,
+    then priced 512 ms where it ran 278, and fifo's max ITL went from +56% to +83%."""
     if grow and single and cost.grow_single is not None:
-        faults = cost.grow_single_faults
-        return cost.grow_single * written if faults is None else (cost.grow_single - faults) * written + faults * fresh
+        return cost.grow_single * written
     per_row = cost.gather if gather and cost.gather is not None else cost.copy
     if grow and cost.grow is not None:
         per_row = cost.grow
@@ -236,7 +234,7 @@ class LinearCostModel:
     fresh_step: float | None = None  # per fresh token-row of a prefill's or decode's growth (None: `fresh`)
     grow: float | None = None  # per token-row a decode's own growth writes (None: `copy`)
     grow_single: float | None = None  # per token-row a single decode's own growth writes, fresh or not (None: `grow`)
-    grow_single_faults: float | None = None  # of which its page faults, paid by fresh rows only (None: not split)
+    grow_single_faults: float | None = None  # of which its page faults, at the calibration's dear price (None: not split)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the chunk]
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)

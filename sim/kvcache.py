@@ -61,11 +61,11 @@ class Heap:
     the process faults in. A batch rebuild's arrays (its pads, concatenations and gathers) are
     fresh where they are a new largest shape, every row of them, whatever the process has freed:
     freed memory lies in pieces no larger than what was freed, and a rebuild's arrays are the
-    largest and newest shapes. Over stop 40's runs, faults counted call by call: the 9 growing
-    decodes (of 89) where the freed memory lacked rows faulted 0.74-0.79 of them (p10-p90), the
-    other 80 faulted 44 rows in all, where the rule before (a new largest shape, for every array)
-    said 6.9k rows for the 0.9k faulted; a join faulted 0.53-0.65 of its new shape's rows (34
-    joins), where the freed memory's shortfall scattered 0.67-1.77, a price no fit can hold.
+    largest and newest shapes. Over stop 40's runs (`benchmarks/fresh_rules.py`, 14 reports with
+    freed memory kept), the 12 growing decodes of 218 where the freed memory lacked rows faulted
+    0.74-0.79 of them (p10-p90), where a new largest shape, the rule before, said 10.7k rows for
+    the 2.4k faulted; joins faulted 0.40-0.67 of their new shapes' rows, where the freed memory's
+    shortfall scattered 0.67-1.77 (on 84 joins), a ratio no price per fresh row can hold.
     """
     free: int = 0
     largest: int = 0

@@ -102,10 +102,6 @@ class AtSpeed:
             return _at(self.cost.grow_single, self.speed.decode)
         return (self.cost.grow_single - faults) / self.speed.decode + faults * self.speed.page
 
-    @property
-    def grow_single_faults(self) -> float | None:
-        return None if self.cost.grow_single_faults is None else self.cost.grow_single_faults * self.speed.page
-
     def prefill(self, chunk: int, prefix: int) -> float:
         return self.cost.prefill(chunk, prefix) / self.speed.prefill
 

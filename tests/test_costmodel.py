@@ -242,19 +242,18 @@ def test_a_single_decodes_own_growth_has_one_price_fresh_or_not():
 
 def test_a_single_growth_that_counted_its_faults_is_priced_at_the_dear_page():
     """Given the dear page price (`page`), a single decode's own growth costs a row's copy
-    (`grow`) plus, per fresh row, the median faults per fresh row of the growths that met fresh
-    memory and counted their faults, each at that price: not what the growths happened to pay
-    (here one met pages the guest had just freed, at a tenth of the price). Growths without fault
-    counts keep the median beyond their price."""
+    (`grow`) plus the median faults per row of the growths that counted theirs, each at that
+    price: not what the growths happened to pay (here one met pages the guest had just freed, at
+    a tenth of the price). Growths without fault counts keep the median beyond their price."""
     grows = [{"step": "decode", "batch": 1, "context_max": M, "written": M + 256, "fresh": M + 256} for M in (100, 180)]
     warm = [{"step": "decode", "batch": 2, "context_max": 88, "written": 688, "fresh": 0}]
     pre, dec, syncs = _timed_at_growth_truth(grows, warm)
     lone, page = GROWTH_TRUTH.decode([257], True), 1.2e-5
     alone = [{"step": "decode", "batch": 1, "contexts": [257], "context_max": 257, "single": True, "written": 512,
-              "fresh": 512 if n else 0, "faults": n, "seconds": lone + 9e-5 * 512 + n * cost}
+              "fresh": 0, "faults": n, "seconds": lone + 9e-5 * 512 + n * cost}
              for n, cost in ((10_000, 1.2e-6), (15_000, page), (0, 0.0))]
     fit = fit_profile(pre + dec + grows + warm + alone + syncs, page=page)
-    rows = statistics.median([10_000 / 512, 15_000 / 512])  # per fresh row: the growth that reused memory has no say
+    rows = statistics.median([10_000 / 512, 15_000 / 512])  # the growth that faulted nothing has no say
     assert fit["cost"]["grow_single"] == pytest.approx(9e-5 + rows * page, rel=0.05)
     assert fit["cost"]["grow_single_faults"] == pytest.approx(rows * page)  # the part a confirm reprices
     assert fit["fit"]["page_fault_s"] == page

@@ -65,29 +65,3 @@ def test_metile_b_grows_into_a_freed_cache_under_fifo_and_into_fresh_memory_unde
     chunked = growths({"policy": "chunked", "budget": 16, "order": "decode-first", "decode": "single"})
     assert [(r, w) for r, w, _ in chunked] == [("A", 512), ("B", 512)]
     assert chunked[1][2] > 0
-
-
-def test_a_single_growth_pays_page_faults_for_its_fresh_rows_only():
-    from sim.costmodel import kv_copies
-    cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0), copy=5e-5, grow=6e-5, grow_single=3.6e-4,
-                           grow_single_faults=3e-4)
-    assert kv_copies(cost, 512, 0, step=True, grow=True, single=True) == pytest.approx(6e-5 * 512)
-    assert kv_copies(cost, 512, 512, step=True, grow=True, single=True) == pytest.approx(3.6e-4 * 512)
-    assert kv_copies(cost, 512, 256, step=True, grow=True, single=True) == pytest.approx(6e-5 * 512 + 3e-4 * 256)
-
-
-def test_the_fit_prices_a_growth_s_faults_per_fresh_row_and_falls_back_to_a_join_s():
-    from calibrate.fit import Copies, fit_grow_single
-    from dataclasses import dataclass
-
-    @dataclass
-    class Form:
-        copies: Copies
-    forms = {"decode": Form(Copies(copy=5e-5, fresh=3.1e-4, grow=6e-5))}
-    page = 1e-5
-    fresh = [{"step": "decode", "written": 512, "fresh": f, "faults": n, "seconds": 0.3}
-             for f, n in ((512, 512 * 28), (256, 256 * 30), (512, 512 * 26))]
-    price, faults = fit_grow_single(fresh, forms, page)
-    assert faults == pytest.approx(28 * page) and price == pytest.approx(6e-5 + 28 * page)
-    reused = [dict(s, fresh=0, faults=0) for s in fresh]  # no growth met fresh memory: a join's price
-    assert fit_grow_single(reused, forms, page) == (pytest.approx(6e-5 + 3.1e-4), pytest.approx(3.1e-4))
