@@ -24,7 +24,7 @@ The real engine counts each call's page faults (`EventLog.faults`), which measur
 estimates (`benchmarks/fault_table.py` splits the calls by both). Until stop 40 the process ran on glibc's defaults, which hand large freed
 blocks back to the kernel, and `fresh` counted the rows of arrays larger than any before: a join
 that built no larger array faulted 90-180 MB in some runs and none in others (stop 34), by the
-allocator's history, and meTile's second growth, freed memory to reuse or not, cost the same.
+allocator's history.
 
 mlx-lm's `BatchGenerator` keeps two batch caches, the prompt batch and the generation batch
 (`BatchCache`, with every row's left padding), rebuilt by the same operations plus a roll of the
