@@ -23,6 +23,8 @@ import ctypes
 import os
 import platform
 
+from sim.errors import UserError
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 MMAP_THRESHOLD = 32 << 20  # glibc's upper bound for it on 64-bit hosts (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int: never trim below 2 GiB of free top
@@ -40,7 +42,10 @@ def keep_freed_memory() -> str:
 
 
 def _configure() -> str:
-    if os.environ.get(ENV, "keep") == "default":
+    wanted = os.environ.get(ENV, "keep")
+    if wanted not in ("keep", "default"):
+        raise UserError(f"{ENV}={wanted!r}: expected keep (the default) or default")
+    if wanted == "default":
         return f"default ({ENV}=default)"
     if platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc":
         return "default (not glibc)"

@@ -46,3 +46,13 @@ def test_freed_memory_is_reused_without_faults():
 def test_keeping_is_set_once_and_reported():
     from calibrate.malloc import keep_freed_memory
     assert keep_freed_memory() == keep_freed_memory()
+
+
+def test_an_unknown_setting_is_refused_in_one_line(tmp_path):
+    env = dict(os.environ, PDSIM_MALLOC="sometimes")
+    out = subprocess.run([sys.executable, "-m", "sim.cli", "calibrate", "--model", "qwen3-tiny", "--quick",
+                          "-o", str(tmp_path / "tiny.json")],
+                         env=env, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "PDSIM_MALLOC='sometimes'" in out.stderr
