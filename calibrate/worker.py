@@ -45,9 +45,9 @@ def run_spec(spec: dict) -> dict:
     # an auto:MS budget prices its chunks with the profile confirm was given, as the simulator does
     cost = cost_model({"cost": spec["cost"]}) if "cost" in spec else None
     policy = policies.make(**spec["setting"], cost=cost)
+    probe.run()  # before the warm-up: the run finds the heap as the warm-up left it (`sim.kvcache.Heap`)
     for _ in range(spec.get("warmup", 1)):
         engine.run(warmup_trace(trace), policy)
-    probe.run()
     t0 = time.perf_counter()
     run = engine.run(trace, policy)
     wall = time.perf_counter() - t0
@@ -61,10 +61,10 @@ def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
     from calibrate.batchgen import run_batch_generator
     from calibrate.mlxlm_batches import installed_version
     heap, checks, probe = None, [], Probe(lm, spec.get("probe"))
+    probe.run()  # before the warm-up, as pdsim's
     for _ in range(spec.get("warmup", 1)):  # the warm-ups' calls are checked too, not kept (as pdsim's)
         _, check, heap = run_batch_generator(lm, warmup_trace(trace), spec["setting"], heap)
         checks.append(check)
-    probe.run()
     t0 = time.perf_counter()
     run, check, _ = run_batch_generator(lm, trace, spec["setting"], heap)
     wall = time.perf_counter() - t0
