@@ -117,7 +117,7 @@ class EngineState:
         # queue holds a million requests, most of the replay's time)
         self.queued: OrderedDict[str, RequestState] = OrderedDict()
         self.ready: dict[str, RequestState] = {}
-        self.kv = KVBuffers(heap=heap.copy() if heap else Heap())  # the KV caches' buffers, the batch's rows
+        self.kv = KVBuffers(heap=heap.copy() if heap is not None else Heap())  # the KV caches' buffers, the batch's rows
         self.finished = 0
         self.arrived = 0
         self.log = EventLog() if log is None else log
