@@ -94,7 +94,7 @@ def run_peaks(model: MemoryModel, runs: list[dict]) -> list[dict]:
         if not measured:
             continue
         trace = Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"])
-        predicted = relog(trace, EventLog.from_dict(r["log"]), 0, model).peak_memory
+        predicted = relog(trace, EventLog.from_dict(r["log"]), memory=model).peak_memory
         out.append({"name": r["name"], "part": r["part"], "predicted_bytes": predicted, "measured_bytes": measured,
                     "rel_error": (predicted - measured) / measured})
     return out
