@@ -223,11 +223,29 @@ def fresh_row_price(dear: list[dict], copies: Copies) -> float:
     return max(0.0, float(price))
 
 
-def fit_fresh_step(samples: list[dict], forms: dict[str, Form]) -> float | None:
-    """Per fresh token-row of a prefill's or decode's own growth: the median over such steps of
-    their time beyond their price without fresh memory, per fresh row (None without any). A
-    join's fresh rows cost 4-5x as much here, so one price for both over-priced every growth."""
-    return _median_beyond(samples, forms, "fresh", ("fresh",))
+def fit_fresh_step(samples: list[dict], forms: dict[str, Form],
+                   page: float | None = None) -> tuple[float | None, float | None]:
+    """Per fresh token-row of a prefill's or decode's own growth (None without any such steps),
+    with the part of it that is page faults (None where not priced by faults). With `page` (a
+    fault the host backs, `speed_probe.dear_page_seconds`) and steps that counted their faults:
+    the median faults per fresh row over the faulted steps, at `page` each, as a single decode's
+    growth (`fit_grow_single`); the row's copy is `grow`. Else the median over such steps of their
+    time beyond their price without fresh memory, per fresh row.
+
+    Why by faults: a calibration serves two or three such steps, and they meet cheap or dear
+    faults by chance. In stop 41's round both calibrations priced a fresh row of a growth at 90
+    and 192 us, and the tunes' confirm runs' growths (120 fresh rows, 74-87 faulted) paid 13-16 us
+    a faulted page: fifo's max ITL, which such a growth sets, came out 11-15% low. Their faults
+    per fresh row were steadier: 15-52 pages over the calibrations' decode growths, 34-41 in the
+    confirm runs. A prefill's growth has no say where a decode's counted faults: its faults count
+    its activations too (95 pages a fresh row). A join's fresh rows cost 4-5x a growth's by the
+    time-beyond median, so one price for both over-priced every growth (stop 30)."""
+    faulted = [s for s in samples if s.get("faults") and s.get("fresh")]
+    decodes = [s for s in faulted if s["step"] == "decode"]  # a prefill's faults count its activations too
+    if page is not None and faulted:
+        faults = statistics.median(s["faults"] / s["fresh"] for s in decodes or faulted) * page
+        return faults, faults
+    return _median_beyond(samples, forms, "fresh", ("fresh",)), None
 
 
 def fit_grow(samples: list[dict], forms: dict[str, Form]) -> float | None:
@@ -428,7 +446,7 @@ def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -
         copies = forms[step].copies
     grow = fit_grow(warm, forms)
     forms = _priced(forms, grow=grow)
-    fresh_step = fit_fresh_step(growth, forms)  # beyond the rows' price at `grow`
+    fresh_step, fresh_step_faults = fit_fresh_step(growth, forms, page)  # beyond the rows' price at `grow`
     forms = _priced(forms, fresh_step=fresh_step)
     grow_single, grow_single_faults = fit_grow_single(alone, forms, page)
     forms = _priced(forms, grow_single=grow_single)
@@ -450,6 +468,7 @@ def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -
         "fresh": copies.fresh,
         **({"gather": copies.gather} if copies.gather is not None else {}),
         **({"fresh_step": fresh_step} if fresh_step is not None else {}),
+        **({"fresh_step_faults": fresh_step_faults} if fresh_step_faults is not None else {}),
         **({"grow": grow} if grow is not None else {}),
         **({"grow_single": grow_single} if grow_single is not None else {}),
         **({"grow_single_faults": grow_single_faults} if grow_single_faults is not None else {}),

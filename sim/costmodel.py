@@ -59,6 +59,7 @@ class CostModel(Protocol):
     fresh: float  # and more per such row in fresh memory (beyond what the process freed: `sim.kvcache`)
     gather: float | None  # per token-row instead of `copy` in a sync where requests only leave (None: `copy`)
     fresh_step: float | None  # instead of `fresh` where a prefill or decode grows a buffer (None: `fresh`)
+    fresh_step_faults: float | None  # of which its page faults, at the calibration's dear price (None: not split)
     grow: float | None  # instead of `copy` per token-row a decode's own growth writes (None: `copy`)
     grow_single: float | None  # per token-row a single decode's own growth writes, fresh or not (None: `grow`)
     grow_single_faults: float | None  # of which its page faults, at the calibration's dear price (None: not split)
@@ -232,6 +233,7 @@ class LinearCostModel:
     fresh: float = 0.0  # more per token-row of it in fresh memory (beyond what the process freed)
     gather: float | None = None  # per token-row written by a sync where requests only leave (None: `copy`)
     fresh_step: float | None = None  # per fresh token-row of a prefill's or decode's growth (None: `fresh`)
+    fresh_step_faults: float | None = None  # of which its page faults, at the calibration's dear price (None: not split)
     grow: float | None = None  # per token-row a decode's own growth writes (None: `copy`)
     grow_single: float | None = None  # per token-row a single decode's own growth writes, fresh or not (None: `grow`)
     grow_single_faults: float | None = None  # of which its page faults, at the calibration's dear price (None: not split)
@@ -378,6 +380,10 @@ class GridCostModel:
         return self.linear.fresh_step
 
     @property
+    def fresh_step_faults(self) -> float | None:
+        return self.linear.fresh_step_faults
+
+    @property
     def grow(self) -> float | None:
         return self.linear.grow
 
@@ -466,6 +472,8 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
                           gather=None if c.get("gather") is None else float(c["gather"]),
                           fresh_step=None if c.get("fresh_step") is None else float(c["fresh_step"]),
+                          fresh_step_faults=None if c.get("fresh_step_faults") is None
+                          else float(c["fresh_step_faults"]),
                           grow=None if c.get("grow") is None else float(c["grow"]),
                           grow_single=None if c.get("grow_single") is None else float(c["grow_single"]),
                           grow_single_faults=None if c.get("grow_single_faults") is None

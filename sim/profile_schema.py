@@ -211,7 +211,8 @@ def check_cost(w: _Where, cost: dict) -> None:
             raise w.fail("cost.decode.knot", "must be a context > 0")
     if dec.get("lone") is not None:
         _cost(w, dec["lone"], "cost.decode.lone")
-    for key in ("iteration", "copy", "fresh", "gather", "fresh_step", "grow", "grow_single", "grow_single_faults"):
+    for key in ("iteration", "copy", "fresh", "gather", "fresh_step", "fresh_step_faults", "grow", "grow_single",
+                "grow_single_faults"):
         if key in cost:
             _cost(w, cost[key], f"cost.{key}")
     for key in ("join", "leave"):

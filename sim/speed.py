@@ -41,7 +41,7 @@ class MachineSpeed:
     prefill: float = 1.0
     decode: float = 1.0
     # A page fault's price now over the calibration's dear one (`calibrate.speed_probe.page_price`):
-    # what a single decode's growth pays for its faults (`grow_single_faults`). On this VM the price
+    # what a growth pays for its faults (`grow_single_faults`, `fresh_step_faults`). On this VM the price
     # changes by the hour: in round 11 (stop 37) the probes read 2.6 us a page where the calibration
     # read 11.5, and all 18 meTile growths paid 0-3 us a fault; in rounds 8 and 10 they read 6-16
     # and most growths paid 10-22.
@@ -89,7 +89,7 @@ class AtSpeed:
 
     @property
     def fresh_step(self) -> float | None:
-        return _at(self.cost.fresh_step, self.speed.decode)
+        return self._faulted(self.cost.fresh_step, self.cost.fresh_step_faults)
 
     @property
     def grow(self) -> float | None:
@@ -97,10 +97,13 @@ class AtSpeed:
 
     @property
     def grow_single(self) -> float | None:
-        faults = self.cost.grow_single_faults
-        if self.cost.grow_single is None or faults is None:
-            return _at(self.cost.grow_single, self.speed.decode)
-        return (self.cost.grow_single - faults) / self.speed.decode + faults * self.speed.page
+        return self._faulted(self.cost.grow_single, self.cost.grow_single_faults)
+
+    def _faulted(self, price: float | None, faults: float | None) -> float | None:
+        """A price whose `faults` part moves with the page's price, the rest with the decode's."""
+        if price is None or faults is None:
+            return _at(price, self.speed.decode)
+        return (price - faults) / self.speed.decode + faults * self.speed.page
 
     def prefill(self, chunk: int, prefix: int) -> float:
         return self.cost.prefill(chunk, prefix) / self.speed.prefill

@@ -265,6 +265,31 @@ def test_a_single_growth_that_counted_its_faults_is_priced_at_the_dear_page():
     assert "grow_single_faults" not in by_median
 
 
+def test_a_steps_growth_that_counted_its_faults_is_priced_at_the_dear_page():
+    """Given the dear page price, a step's fresh row costs the median faults per fresh row of the
+    decode growths that counted theirs, each at that price: not what those growths happened to
+    pay (here they met cheap pages, as both of stop 41's calibrations did). A prefill's growth
+    faults its activations too, so it has no say while a decode growth counted faults."""
+    page = 1.2e-5
+    grows = [{"step": "decode", "batch": 1, "context_max": M, "written": M + 256, "fresh": f, "faults": n}
+             for M, f, n in ((100, 40, 2000), (180, 170, 2600), (200, 172, 0))]
+    warm = [{"step": "decode", "batch": 2, "context_max": 88, "written": 688, "fresh": 0}]
+    pre, dec, syncs = _timed_at_growth_truth(grows, warm)
+    grown = {"step": "prefill", "chunk": 256, "prefix": 0, "written": 256, "fresh": 256, "faults": 24_000,
+             "seconds": GROWTH_TRUTH.prefill(256, 0) + kv_copies(GROWTH_TRUTH, 256, 256, step=True)}
+    cost = fit_profile(pre + dec + grows + warm + [grown] + syncs, page=page)["cost"]
+    per_row = statistics.median([2000 / 40, 2600 / 170]) * page  # the growth that faulted nothing has no say
+    assert cost["fresh_step"] == pytest.approx(per_row) and cost["fresh_step_faults"] == pytest.approx(per_row)
+    assert cost["fresh_step"] > 5 * GROWTH_TRUTH.fresh_step  # what these growths paid: cheap
+    cheap = fit_profile(pre + dec + grows + warm + [grown] + syncs)["cost"]  # no page price: what they paid
+    assert cheap["fresh_step"] == pytest.approx(GROWTH_TRUTH.fresh_step, rel=0.05) and "fresh_step_faults" not in cheap
+    model = cost_model({"cost": cost})
+    assert price(model, "decode", 1, 0, [300], True, 0, 0, 512, 100) - price(
+        model, "decode", 1, 0, [300], True, 0, 0, 512, 0) == pytest.approx(100 * per_row, rel=0.01)
+    at = MachineSpeed(1.0, 2.0, 0.25).of(model)
+    assert at.fresh_step == pytest.approx(per_row * 0.25)  # all of it faults: it moves with the page's price
+
+
 def test_a_growths_faults_are_priced_at_the_page_price_the_probes_read():
     """`MachineSpeed.page` reprices only the faults of a single decode's growth; the row's copy
     moves with the decode speed. The page price is the dearest probe reading around the confirm's
