@@ -240,10 +240,9 @@ def fit_fresh_step(samples: list[dict], forms: dict[str, Form],
     confirm runs. A prefill's growth has no say where a decode's counted faults: its faults count
     its activations too (95 pages a fresh row). A join's fresh rows cost 4-5x a growth's by the
     time-beyond median, so one price for both over-priced every growth (stop 30)."""
-    faulted = [s for s in samples if s.get("faults") and s.get("fresh")]
-    decodes = [s for s in faulted if s["step"] == "decode"]  # a prefill's faults count its activations too
-    if page is not None and faulted:
-        faults = statistics.median(s["faults"] / s["fresh"] for s in decodes or faulted) * page
+    decodes = [s for s in samples if s["step"] == "decode" and s.get("faults") and s.get("fresh")]  # not a prefill's
+    faults = _faults_per(decodes or samples, "fresh", page)
+    if faults is not None:
         return faults, faults
     return _median_beyond(samples, forms, "fresh", ("fresh",)), None
 
@@ -270,12 +269,20 @@ def fit_grow_single(samples: list[dict], forms: dict[str, Form],
     price without copies, per row (None without any samples). Returned with the part of it that
     is page faults (None where it is not priced by faults): a confirm prices that part at the
     fault price its probes read (`sim.speed.MachineSpeed.page`)."""
-    faulted = [s for s in samples if s.get("faults") and s.get("written")]
-    if page is not None and faulted:
-        faults = statistics.median(s["faults"] / s["written"] for s in faulted) * page
+    faults = _faults_per(samples, "written", page)
+    if faults is not None:
         k = forms["decode"].copies
         return (k.copy if k.grow is None else k.grow) + faults, faults
     return _median_beyond(samples, forms, "written", ("written", "fresh")), None
+
+
+def _faults_per(samples: list[dict], per: str, page: float | None) -> float | None:
+    """The median page faults per unit of `per` over the samples that counted some, at `page`
+    seconds each (None without `page` or such samples): a growth's faults at the dear price."""
+    faulted = [s for s in samples if s.get("faults") and s.get(per)]
+    if page is None or not faulted:
+        return None
+    return statistics.median(s["faults"] / s[per] for s in faulted) * page
 
 
 def _median_beyond(samples: list[dict], forms: dict[str, Form], per: str, unpriced: tuple[str, ...]) -> float | None:
