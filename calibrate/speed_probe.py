@@ -65,7 +65,7 @@ def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
     return MachineSpeed(statistics.median(prefill), statistics.median(decode))
 
 
-def allocation_seconds(nbytes: int = ALLOC_BYTES) -> float:
+def allocation_seconds(nbytes: int = ALLOC_BYTES, hold: list | None = None) -> float:
     """Seconds to map `nbytes` of fresh anonymous memory and touch each of its pages: what a join,
     a buffer growth or a fresh process pays per page on top of its copy (`fresh` and `grow_single`
     in `sim.costmodel`). On this VM that is page faults, 3-4 us a 4 KiB page (64 MiB in 50-67 ms),
@@ -73,14 +73,18 @@ def allocation_seconds(nbytes: int = ALLOC_BYTES) -> float:
     prefills and decodes kept their speed, so the probes' calls could not see it. The region is
     mapped here, not asked of MLX or malloc: until stop 34 an MLX array of the same size timed
     the allocator's state as much as the machine (a freed block it still held made the pages old),
-    and two probes minutes apart read 3.3x and 0.4x the calibration's speed."""
+    and two probes minutes apart read 3.3x and 0.4x the calibration's speed. `hold`: a list that
+    keeps the mapping (unmapped when its holder closes it) instead of unmapping it here."""
     region = mmap.mmap(-1, nbytes)
     pages = np.frombuffer(region, dtype=np.uint8)
     t = time.perf_counter()
     pages[::mmap.PAGESIZE] = 1
     seconds = time.perf_counter() - t
     del pages
-    region.close()
+    if hold is None:
+        region.close()
+    else:  # kept mapped by the caller (`Probe`), so the next call cannot fault in its warm pages
+        hold.append(region)
     return seconds
 
 
@@ -104,7 +108,9 @@ def dear_page_seconds(probes: list[dict]) -> float | None:
     fewer readings, or none timed by today's method). On this Firecracker VM a fault costs
     2.5-4 us where the guest reuses a page it freed a moment ago and 10-16 us where, it seems,
     the host has taken the page back (the VM's kernel reports free pages to the host: virtio
-    balloon, `page_reporting_order=11`): the probes read one, the other or a mixture. A single
+    balloon's free page reporting). Stop 42 read it directly: a process touching 4 GB of new
+    pages paid 1.5-1.9 us a page for the first 0.8-1.6 GB (pages the guest had freed and not yet
+    reported) and 11-12 us for the rest. The probes read one, the other or a mixture. A single
     decode's buffer growth paid the dear price in 13 of 18 growths of round 8's meTile runs,
     and those set the runs' worst gaps (README, stop 36)."""
     per_page = _per_page(probes)
@@ -176,11 +182,17 @@ class Probe:
     engine of its own, so the run's engine state is the one the warm-up left; `engine`: what the
     spec asks for (`probe_engine`; True, from older specs: pdsim's; None: no probe). A
     calibration's engine runs serve both too (about 6 s each): on this VM the two together
-    tracked a confirm run's speed within 3.5% on average, the one before alone within 5.8%."""
+    tracked a confirm run's speed within 3.5% on average, the one before alone within 5.8%.
+
+    The probes' fresh pages stay mapped until `result`. Unmapped at once, they were warm pages the
+    run's first calls faulted in before the guest had handed them back to the host: in round 18
+    (stop 41) the three meTile growths that came first in their runs paid 2.0-2.9 us a faulted
+    page, where the growths after a prefill paid 11-13, and those first ones set fifo's max ITL."""
 
     def __init__(self, lm, engine: str | bool | None):
         self.engine = "pdsim" if engine is True else engine or None
         self.lm, self.trace, self.logs, self.alloc = lm, probe_trace(lm.vocab_size), [], []
+        self.held: list = []  # the probes' mappings, given back in `result`
         self.setting = MLX_SETTING if self.engine == "mlx-lm" else SETTING
         self.pdsim = RealEngine(lm) if self.engine == "pdsim" else None
 
@@ -191,9 +203,13 @@ class Probe:
         elif self.engine == "pdsim":
             self.logs.append(self.pdsim.run(self.trace, policies.make(**self.setting)).log.to_dict())
         if self.engine:
-            self.alloc.append(allocation_seconds())
+            self.alloc.append(allocation_seconds(hold=self.held))
 
     def result(self) -> dict:
+        """The probes' readings; their pages are given back here, after the run they bracket."""
+        for region in self.held:
+            region.close()
+        self.held.clear()
         return {"trace": self.trace.to_dict(), "setting": self.setting, "logs": self.logs,
                 "alloc_s": self.alloc, "alloc_bytes": ALLOC_BYTES,
                 "alloc_method": ALLOC_METHOD}

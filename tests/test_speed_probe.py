@@ -226,3 +226,25 @@ def test_the_fresh_memory_probe_maps_new_pages_and_gives_them_back():
     assert min(times) > 0
     assert faults() - f0 >= 20 * ALLOC_BYTES // (2 << 20)  # new pages every time: a fault for each (huge) page
     assert rss() - before < ALLOC_BYTES
+
+
+def test_a_probes_pages_stay_mapped_until_the_run_it_brackets_is_over():
+    """The probes' fresh pages are given back only in `Probe.result`, after the run and the probe
+    after it: unmapped at once, the run's first calls would fault in the guest's warm pages and
+    pay a fraction of a cold fault (stop 42). Two probes hold two mappings; `result` gives both back."""
+    import resource
+    from pathlib import Path
+    from calibrate.model import build_model
+    from calibrate.speed_probe import ALLOC_BYTES, Probe
+    if not Path("/proc/self/statm").exists():
+        pytest.skip("reads the resident size from Linux's /proc")
+    rss = lambda: int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()  # noqa: E731
+    probe = Probe(build_model("qwen3-tiny"), "pdsim")
+    probe.run()  # the engine's first run builds its own buffers: measure from after it
+    before = rss()
+    probe.run()
+    assert rss() - before >= 0.9 * ALLOC_BYTES  # the second probe's pages are still mapped
+    held = rss()
+    out = probe.result()
+    assert held - rss() >= 1.8 * ALLOC_BYTES and len(out["alloc_s"]) == 2 and min(out["alloc_s"]) > 0
+    assert probe.held == []
