@@ -65,7 +65,7 @@ def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
     return MachineSpeed(statistics.median(prefill), statistics.median(decode))
 
 
-def allocation_seconds(nbytes: int = ALLOC_BYTES, hold: list | None = None) -> float:
+def allocation_seconds(nbytes: int = ALLOC_BYTES, hold: list[mmap.mmap] | None = None) -> float:
     """Seconds to map `nbytes` of fresh anonymous memory and touch each of its pages: what a join,
     a buffer growth or a fresh process pays per page on top of its copy (`fresh` and `grow_single`
     in `sim.costmodel`). On this VM that is page faults, 3-4 us a 4 KiB page (64 MiB in 50-67 ms),
@@ -192,7 +192,7 @@ class Probe:
     def __init__(self, lm, engine: str | bool | None):
         self.engine = "pdsim" if engine is True else engine or None
         self.lm, self.trace, self.logs, self.alloc = lm, probe_trace(lm.vocab_size), [], []
-        self.held: list = []  # the probes' mappings, given back in `result`
+        self.held: list[mmap.mmap] = []  # the probes' mappings, given back in `result`
         self.setting = MLX_SETTING if self.engine == "mlx-lm" else SETTING
         self.pdsim = RealEngine(lm) if self.engine == "pdsim" else None
 
