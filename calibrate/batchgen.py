@@ -36,7 +36,7 @@ from calibrate.executor import RealRun, add_faults, minor_faults, prompt_tokens
 from calibrate.mlxlm_batches import G
 from calibrate.model import LoadedModel, reset_peak
 from policies.mlxlm import MlxLm
-from sim.kvcache import Heap
+from sim.heap import Heap
 from sim.state import EngineState
 from sim.work import BatchPrefill, FirstForward, Generate, JoinPrompt, Work
 from traces.trace import Trace

@@ -21,7 +21,7 @@ import mlx.core as mx
 from calibrate.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
 from calibrate.model import LoadedModel, reset_peak
 from policies.base import Policy
-from sim.kvcache import Heap
+from sim.heap import Heap
 from sim.kvlimit import kv_limit_of, next_work
 from sim.log import EventLog
 from sim.memory import kv_bytes_per_token

@@ -15,16 +15,13 @@ joining caches, which costs next to nothing here). A test checks the sizes again
 caches, call by call.
 
 Memory the process has not used before costs more: the kernel maps and zeroes every fresh page
-(a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). The engine's process
-keeps what it frees (`calibrate.malloc`: glibc serves blocks up to 32 MiB from its heap and never
-trims it), so `KVBuffers` follows what the caches free as well as what they allocate (`Heap`):
-an array takes from the freed memory first, and `fresh` counts the token-rows it lacks there, the
-pages the process faults in (a batch rebuild's arrays: where they are a new largest shape).
-The real engine counts each call's page faults (`EventLog.faults`), which measure what this
-estimates (`benchmarks/fault_table.py` splits the calls by both). Until stop 40 the process ran on glibc's defaults, which hand large freed
-blocks back to the kernel, and `fresh` counted the rows of arrays larger than any before: a join
-that built no larger array faulted 90-180 MB in some runs and none in others (stop 34), by the
-allocator's history.
+(a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). So `KVBuffers`
+follows what the caches free as well as what they allocate, on a model of the process's heap
+(`sim.heap`), and `fresh` counts the token-rows a call faults in there. The real engine counts
+each call's page faults (`EventLog.faults`), which measure what this estimates
+(`benchmarks/fresh_rules.py` sets the two side by side). Until stop 43 the freed memory was one
+pool any array could take from, which put a join's faults at twice what they were, and a new
+request's first chunk at none where it faulted a hundred rows.
 
 mlx-lm's `BatchGenerator` keeps two batch caches, the prompt batch and the generation batch
 (`BatchCache`, with every row's left padding), rebuilt by the same operations plus a roll of the
@@ -36,6 +33,8 @@ the call that evaluates them is charged (`KVBuffers.join_prompt`, `batch_prefill
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from sim.heap import Heap
 
 STEP = 256  # KVCache.step and BatchKVCache.step
 
@@ -51,55 +50,14 @@ def write(cap: int, idx: int, n: int) -> tuple[int, int]:
 
 
 @dataclass
-class Heap:
-    """The engine process's heap as far as the KV caches go, in token-rows (as `KVBuffers` counts
-    them: one array per layer's keys and values): the memory they freed, which the process keeps
-    (`calibrate.malloc`), and the largest array built so far.
-
-    An array takes what it needs from the freed memory first. A step's growth (a request's cache,
-    or the batch's, replaced by a larger one) is fresh where the freed memory lacks it: the pages
-    the process faults in. A batch rebuild's arrays (its pads, concatenations and gathers) are
-    fresh where they are a new largest shape, every row of them, whatever the process has freed:
-    freed memory lies in pieces no larger than what was freed, and a rebuild's arrays are the
-    largest and newest shapes. Over stop 40's runs (`benchmarks/fresh_rules.py`, 14 reports with
-    freed memory kept), the 12 growing decodes of 218 where the freed memory lacked rows faulted
-    0.74-0.79 of them (p10-p90), where a new largest shape, the rule before, said 10.7k rows for
-    the 2.4k faulted; joins faulted 0.40-0.67 of their new shapes' rows, where the freed memory's
-    shortfall scattered 0.67-1.77 (on 84 joins), a ratio no price per fresh row can hold.
-    """
-    free: int = 0
-    largest: int = 0
-
-    def copy(self) -> "Heap":
-        return Heap(self.free, self.largest)
-
-    def take(self, rows: int, step: bool = False) -> int:
-        """An array of `rows` allocated by a step's growth (`step`) or a batch rebuild: its fresh rows."""
-        lacking = max(0, rows - self.free)
-        self.free -= rows - lacking
-        new_shape = rows > self.largest
-        self.largest = max(self.largest, rows)
-        return lacking if step else rows if new_shape else 0
-
-    def reuse(self, rows: int) -> None:
-        """An array of `rows` built from freed memory alone, not priced (a merge, `KVBuffers.sync`)."""
-        self.free -= min(self.free, rows)
-
-    def give(self, rows: int) -> None:
-        """An array of `rows` freed."""
-        self.free += max(0, rows)
-
-
-@dataclass
 class KVBuffers:
     """Buffer capacity of every request's own cache and of the batch cache (rows, `_idx`, capacity)."""
     own: dict[str, int] = field(default_factory=dict)  # rid -> capacity of its per-request cache
     rows: tuple[str, ...] = ()  # the batch cache's rows, in order
     idx: int = 0  # the batch cache's `_idx`: its longest row, left padding included
     cap: int = 0
-    heap: Heap = field(default_factory=Heap)  # what the caches freed (the process keeps it), the largest array
-    written: int = 0  # token-rows allocated and filled, and of them fresh, since `take` last ran
-    fresh: int = 0
+    heap: Heap = field(default_factory=Heap)  # the process's heap: where the caches' arrays lie (`sim.heap`)
+    written: int = 0  # token-rows allocated and filled since `take` last ran
     built: int = 0  # the largest of those arrays; `take` moves it to `call_largest` (the last call's)
     call_largest: int = 0
     prompt: "BatchCache" = field(default_factory=lambda: BatchCache())  # mlx-lm's prompt batch
@@ -107,15 +65,14 @@ class KVBuffers:
 
     def what_if(self) -> "KVBuffers":
         """A copy to follow a call on without changing these buffers (the batch caches copied too)."""
-        return KVBuffers(dict(self.own), self.rows, self.idx, self.cap, self.heap.copy(), self.written, self.fresh,
+        return KVBuffers(dict(self.own), self.rows, self.idx, self.cap, self.heap.copy(), self.written,
                          self.built, self.call_largest, self.prompt.copy(), self.gen.copy())
 
-    def _new(self, rows: int, step: bool = False) -> None:
-        """One new array of `rows` token-rows (each layer's keys and values alike), a step's growth
-        (`step`) or a batch rebuild's (`Heap.take`)."""
+    def _new(self, rows: int) -> None:
+        """One new array of `rows` token-rows (each layer's keys and values alike), written by the call."""
         self.written += rows
         self.built = max(self.built, rows)
-        self.fresh += self.heap.take(rows, step)
+        self.heap.take(rows)
 
     def _drop(self, rows: int) -> None:
         """An array of `rows` token-rows freed: the process keeps its memory for the next."""
@@ -127,6 +84,7 @@ class KVBuffers:
         out = self.heap.copy()
         for rows in (*self.own.values(), len(self.rows) * self.cap, *self.prompt.buffers(), *self.gen.buffers()):
             out.give(rows)
+        out.settle()
         return out
 
     def resident(self) -> int:
@@ -135,9 +93,10 @@ class KVBuffers:
         return sum(self.own.values()) + len(self.rows) * self.cap + self.prompt.held() + self.gen.held()
 
     def take(self) -> tuple[int, int]:
-        """(written, fresh) since the last take: one call's."""
-        out = self.written, self.fresh
-        self.call_largest, self.written, self.fresh, self.built = self.built, 0, 0, 0
+        """(written, fresh) since the last take: one call's, its arrays placed on the heap now. A
+        merge's own rows are neither (see `sync`), so its faults are left out with it."""
+        out = self.written, min(self.written, self.heap.settle())
+        self.call_largest, self.written, self.built = self.built, 0, 0
         return out
 
     def prefill(self, rid: str, prefix: int, n: int) -> tuple[int, int]:
@@ -146,7 +105,7 @@ class KVBuffers:
         old = self.own.get(rid, 0)
         self.own[rid], grown = write(old, prefix, n)
         if grown:  # a new buffer, the old one copied into it and freed
-            self._new(grown, step=True)
+            self._new(grown)
             self._drop(old)
         return self.take()
 
@@ -166,7 +125,7 @@ class KVBuffers:
         self.cap, grown = write(self.cap, self.idx, 1)
         self.idx += 1
         if grown:
-            self._new(len(rids) * grown, step=True)
+            self._new(len(rids) * grown)
             self._drop(len(rids) * old)
         return synced, self.take()
 
@@ -190,7 +149,7 @@ class KVBuffers:
             # gather), so it is not counted, only followed as memory taken
             longest = max(cached[r] for r in joining)
             merged = len(joining) * longest
-            self.heap.reuse(merged)
+            self.heap.take(merged)  # freed below with the other inputs
             if not kept:
                 self.idx = self.cap = longest
             else:  # extend: both sides padded to one size where they differ, then concatenated
@@ -235,8 +194,8 @@ class KVBuffers:
     def _settle(self, cache: "BatchCache") -> None:
         """A call evaluates `cache`: the lazy arrays it owes are allocated and filled now, each
         built from the one before it, which is freed, and so are the buffers it was built from.
-        A growth among them is fresh by the rebuilds' rule (`Heap.take`): mlx-lm builds it lazily,
-        with the batch's other copies."""
+        A growth among them is placed as the rebuilds' arrays are: mlx-lm builds it lazily, with
+        the batch's other copies."""
         for rows in cache.owed:
             self._new(rows)
             self._drop(cache.live)

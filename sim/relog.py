@@ -3,7 +3,7 @@ buffers written, fresh memory, the work each call was) recomputed at the measure
 log written by an older pdsim, or by the real engine, is priced and scored by today's rules."""
 from __future__ import annotations
 
-from sim.kvcache import Heap
+from sim.heap import Heap
 from sim.log import Call, EventLog
 from sim.memory import MemoryModel
 from sim.state import EngineState

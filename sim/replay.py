@@ -11,7 +11,7 @@ import simpy
 
 from policies.base import Policy
 from sim.costmodel import CostModel, ProfileError
-from sim.kvcache import Heap
+from sim.heap import Heap
 from sim.kvlimit import kv_limit_of, next_work
 from sim.log import EventLog
 from sim.state import EngineError, EngineState

@@ -10,7 +10,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from sim.errors import InputError
-from sim.kvcache import Heap, KVBuffers, write
+from sim.heap import Heap
+from sim.kvcache import KVBuffers, write
 from sim.log import Call, Column, EventLog, RequestInfo, Stretch
 from sim.memory import MemoryModel, PeakMemory
 from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
@@ -125,6 +126,7 @@ class EngineState:
         self.stepped: tuple[str, ...] = ()  # mlx-lm: the generation batch's rows at its last step
         self.memory = PeakMemory(memory) if memory is not None else None
         self._position: dict[str, int] | None = None  # arrival order (the trace's), built at a first preemption
+        self._followed: tuple | None = None  # (work, buffers after it, rows): `kv_rows`'s copy, for `apply`
         for r in trace.requests:
             self.log.requests[r.id] = RequestInfo(r.id, r.arrival, r.prompt_len, r.output_len, r.prefilled)
             self.log.tokens[r.id] = []
@@ -210,6 +212,7 @@ class EngineState:
         has not begun its prefill and behind those that have, and its next prefill recomputes the
         prompt and the outputs but the last (`RequestState.target`), emitting nothing. Logged as
         a call of kind "preempt" (`tokens`: the tokens freed, which will be prefilled again)."""
+        self._followed = None
         if at < self.now:
             raise EngineError(f"time went backwards: preemption at {at} after {self.now}")
         if rid in self.ready:
@@ -249,12 +252,22 @@ class EngineState:
         sync: (0, 0) unless requests join or leave) and of the call itself."""
         kv = self.kv
         if isinstance(work, Prefill):
-            grown = _grown(kv.own.get(work.rid, 0), self.queued[work.rid].prefilled, work.tokens)
-        elif isinstance(work, Decode) and work.batched and work.rids == kv.rows:
-            grown = len(work.rids) * _grown(kv.cap, kv.idx, 1)
-        else:  # a batch change, single decodes, mlx-lm's batches: follow them on a copy
-            return self._kv_apply(work, 0, kv.what_if())
-        return NONE, (grown, kv.heap.copy().take(grown, step=True))
+            prefix = self.queued[work.rid].prefilled
+            if not _grown(kv.own.get(work.rid, 0), prefix, work.tokens):
+                return NONE, NONE  # no array: nothing written, nothing faulted (pending frees fault nothing)
+            return self._follow(work, prefix)
+        if isinstance(work, Decode) and work.batched and work.rids == kv.rows \
+                and not _grown(kv.cap, kv.idx, 1):
+            return NONE, NONE
+        return self._follow(work, 0)  # a growth, a batch change, single decodes, mlx-lm's
+
+    def _follow(self, work: Work, prefix: int) -> tuple[Rows, Rows]:
+        """`work` followed on a copy of the buffers; if `work` runs next, `apply` keeps the copy
+        (placing arrays on the heap model is most of a replay's time: done once, not twice)."""
+        kv = self.kv.what_if()
+        rows = self._kv_apply(work, prefix, kv)
+        self._followed = (work, kv, rows)
+        return rows
 
     def what_if(self, work: list[Work]) -> "EngineState":
         """A scratch copy to follow pdsim's `work` on without changing this state: the requests it
@@ -270,6 +283,7 @@ class EngineState:
         s.kv, s.log = self.kv.what_if(), _NoLog()
         s._returned, s.stepped = (-1, []), self.stepped
         s.memory, s.kv_limit, s.kv_used, s._position = None, self.kv_limit, self.kv_used, self._position
+        s._followed = None
         return s
 
     def cached(self, rids) -> dict[str, int]:
@@ -278,6 +292,11 @@ class EngineState:
 
     def _kv_apply(self, work: Work, prefix: int, kv: KVBuffers | None = None) -> tuple[Rows, Rows]:
         """Follow the buffers through `work`; the (written, fresh) token-rows of its sync and its call."""
+        if kv is None:
+            followed, self._followed = self._followed, None
+            if followed is not None and followed[0] is work:
+                self.kv = followed[1]
+                return followed[2]
         kv = kv or self.kv
         if isinstance(work, Prefill):
             return NONE, kv.prefill(work.rid, prefix, work.tokens)
@@ -472,7 +491,8 @@ class EngineState:
         """Record a stretch of identical iterations (`sim.steady`): call i of iteration j ran from
         `starts[i][j]` to `ends[i][j]`, the first iteration being `self.iteration`. The same log
         as `apply` call by call, kept as columns; no chunk in the stretch completes a prompt."""
-        steps = len(ends[0])
+        self._followed = None
+        steps, done = len(ends[0]), []
         if ends[0][0] < starts[0][0] or starts[0][0] < self.now:
             raise EngineError(f"time went backwards: call [{starts[0][0]}, {ends[0][0]}] after {self.now}")
         columns = []
@@ -509,9 +529,11 @@ class EngineState:
                 s.generated += steps
                 if s.generated == s.req.output_len:
                     del self.ready[s.req.id]
-                    self.kv.finish(s.req.id)
+                    done.append(s.req.id)
                     self.kv_used -= s.req.prompt_len + s.generated - 1
                     self.finished += 1
+        for rid in done:  # at the stretch's last step: after every array its first step allocated
+            self.kv.finish(rid)
         self.log.add_stretch(Stretch(tuple(columns), self.iteration))
         self.iteration += steps - 1
         self.now = ends[-1][-1]

@@ -1,51 +1,99 @@
-"""Fresh memory is what a call allocates beyond what the process freed and holds (`sim.kvcache.Heap`):
-the state machine follows frees as well as allocations, so a growth that can reuse a finished
-request's cache is not fresh, and one that cannot is."""
+"""Fresh memory is the pages a call faults in: where the process's heap first grows over them
+(`sim.heap`). The heap model places arrays as glibc does (best fit, merged free blocks, a freed
+block next to the top merged into it), and glibc itself, driven through the same sequence in a
+process set up as the engine's (`calibrate.malloc`), faults what the model says."""
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 import policies
+import sim.heap
 from calibrate.worker import warmup_trace
 from sim.costmodel import LinearCostModel
-from sim.kvcache import Heap, KVBuffers
+from sim.heap import Heap
+from sim.kvcache import KVBuffers
 from sim.replay import simulate
 from traces.generators import metile_ab
 
 COST = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-6, 0.0))
 
 
-def test_an_array_takes_freed_memory_first_and_the_rest_is_fresh():
-    heap = Heap()
-    assert heap.take(300, step=True) == 300  # nothing freed yet: all of it is fresh
-    heap.give(300)
-    assert heap.take(256, step=True) == 0
-    assert heap.take(100, step=True) == 56  # 44 rows left, 56 fresh
-    assert heap.free == 0 and heap.largest == 300
-    copy = heap.copy()
-    copy.give(10)
-    assert heap.free == 0 and copy.free == 10
+def call(heap: Heap, *ops: int) -> int:
+    """One call's arrays: a positive number allocates that many rows, a negative one frees."""
+    for n in ops:
+        heap.take(n) if n > 0 else heap.give(-n)
+    return heap.settle()
 
 
-def test_a_rebuilds_array_is_fresh_where_it_is_a_new_largest_shape():
+@pytest.fixture
+def one_array(monkeypatch):
+    """One array per buffer, inputs freed as soon as their array is built: glibc's placement alone."""
+    monkeypatch.setattr(sim.heap, "GROUPS", 1)
+    monkeypatch.setattr(sim.heap, "WINDOW", 0)
+    return Heap()
+
+
+def test_only_memory_above_the_high_water_mark_is_fresh(one_array):
+    heap = one_array
+    assert call(heap, 100, 50, 200) == 350
+    assert call(heap, -100, -200) == 0  # the 200 next to the top merges into it; 100 stays free below
+    assert call(heap, 80) == 0  # into the freed 100
+    assert call(heap, 150) == 0  # at the top, below the high-water mark: its pages were faulted before
+    assert call(heap, 100) == 50  # past the mark by 50
+
+
+def test_a_block_takes_the_smallest_free_block_that_holds_it(one_array):
+    heap = one_array
+    assert call(heap, 100, 10, 60, 10) == 180
+    assert call(heap, -100, -60) == 0  # free blocks of 100 and 60, not adjacent
+    assert call(heap, 50) == 0  # best fit: into the 60, so the 100 stays whole
+    assert call(heap, 100) == 0  # first fit would have split the 100 and grown the heap here
+
+
+def test_freed_neighbours_merge_into_one_block(one_array):
+    heap = one_array
+    assert call(heap, 100, 100, 10) == 210
+    assert call(heap, -100) == 0
+    assert call(heap, -100) == 0
+    assert call(heap, 200) == 0  # the two freed 100s are one 200
+
+
+def test_the_window_keeps_inputs_alive_while_later_arrays_are_built(monkeypatch):
+    """Two arrays per buffer, each of 200 rows replaced by one of 150: each group's new array is
+    placed, and its old one freed WINDOW groups later. Freed at once, the second group's new array
+    fits the first group's old one; freed one group later, it does not."""
+    monkeypatch.setattr(sim.heap, "GROUPS", 2)
+    faulted = {}
+    for window in (0, 1):
+        monkeypatch.setattr(sim.heap, "WINDOW", window)
+        heap = Heap()
+        assert call(heap, 200) == 200
+        faulted[window] = call(heap, 150, -200)
+    assert faulted == {0: 75, 1: 150}
+
+
+def test_frees_before_a_call_are_settled_before_its_arrays():
     heap = Heap()
-    assert heap.take(500) == 500  # a batch rebuild's first array: a new shape
-    assert heap.take(400) == 0  # nothing freed, but a shape no larger than before: freed pieces hold it
-    heap.give(900)
-    assert heap.take(600) == 600  # a new largest shape: fresh, whatever was freed
-    assert heap.free == 300 and heap.largest == 600
-    heap.reuse(50)  # a merge: memory taken, no shape
-    assert heap.free == 250 and heap.largest == 600
-    assert heap.take(300, step=True) == 50  # a step's growth: what the freed memory lacks
+    call(heap, 256)
+    heap.give(256)  # a finished request's cache, freed between calls
+    assert call(heap, 256) == 0
 
 
 def test_a_grown_cache_frees_its_old_buffer_and_a_finished_one_its_own():
     kv = KVBuffers()
     assert kv.prefill("a", 0, 100) == (256, 256)  # a first buffer: fresh
-    assert kv.prefill("a", 256, 10) == (512, 512)  # grown: the old 256 rows freed after the copy
-    assert kv.heap.free == 256
-    assert kv.prefill("b", 0, 100) == (256, 0)  # b's buffer reuses a's old one
+    written, fresh = kv.prefill("a", 256, 10)  # grown: the old buffer freed layer by layer behind the new
+    # one: the first layers' new arrays go above everything, later ones into two neighbouring freed 256s
+    assert written == 512 and 256 < fresh < 512
     kv.finish("a")
-    assert kv.heap.free == 512
-    assert kv.released().free == 512 + 256  # the next run starts with every buffer freed
+    assert kv.prefill("b", 0, 300) == (512, 0)  # b's buffer takes a's grown one
+    before = kv.heap.copy()
+    assert kv.released().high == before.high  # dropping every cache faults nothing
 
 
 def growths(setting: dict) -> list[tuple[str, int, int]]:
@@ -65,3 +113,51 @@ def test_metile_b_grows_into_a_freed_cache_under_fifo_and_into_fresh_memory_unde
     chunked = growths({"policy": "chunked", "budget": 16, "order": "decode-first", "decode": "single"})
     assert [(r, w) for r, w, _ in chunked] == [("A", 512), ("B", 512)]
     assert chunked[1][2] > 0
+
+
+CALLS = [[40], [60, -40], [40], [120, -60, -40], [40, 100, -40, -120], [200, -100], [30, 250, -30, -200]]
+
+GLIBC = textwrap.dedent("""
+    import ctypes, json, resource, sys
+    from calibrate.malloc import keep_freed_memory
+    import sim.heap as H
+    state = keep_freed_memory()
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+    libc.free.argtypes = (ctypes.c_void_p,)
+    libc.memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
+    unit, held, out = 64 << 10, [{} for _ in range(H.GROUPS)], []
+    for ops in json.loads(sys.argv[1]):
+        new, gone = [n for n in ops if n > 0], [-n for n in ops if n < 0]
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for g in range(H.GROUPS + H.WINDOW):  # as `Heap.settle` plays a call
+            if g < H.GROUPS:
+                for n in new:
+                    p = libc.malloc(n * unit)
+                    libc.memset(p, 1, n * unit)  # the call writes its arrays
+                    held[g].setdefault(n, []).append(p)
+            if g >= H.WINDOW:
+                for n in gone:
+                    libc.free(held[g - H.WINDOW][n].pop())
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        out.append(faults * 4096 / (H.GROUPS * unit))
+    print(json.dumps({"malloc": state, "faulted": out}))
+""")
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap")
+def test_glibc_faults_what_the_heap_model_says_call_by_call():
+    """The same allocations and frees, in the order the model plays them, made with glibc's
+    malloc and free in a process that keeps freed memory: the pages each call faults in."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", GLIBC, json.dumps(CALLS)], capture_output=True, text=True,
+                          cwd=root, env=dict(os.environ, PYTHONPATH=root), timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["malloc"].startswith("keeps freed memory")
+    heap = Heap()
+    predicted = [call(heap, *ops) for ops in CALLS]
+    assert predicted[0] == 40 and predicted[4] == 0  # a first array; a call that fits the freed blocks
+    for p, m in zip(predicted, out["faulted"]):
+        assert abs(p - m) <= max(2.0, 0.3 * m), (predicted, out["faulted"])
+    assert sum(predicted) == pytest.approx(sum(out["faulted"]), rel=0.15)

@@ -1,0 +1,130 @@
+"""The engine process's heap as far as the KV caches go: where each array lands, and which calls
+fault pages in.
+
+The engine's process keeps what it frees (`calibrate.malloc`: glibc serves every block up to
+32 MiB from its heap and never trims it), so a page is faulted in once, when the heap first
+grows over it. In a run with glibc's calls traced (README, stop 43) every call's page faults
+were its growth of the heap's high-water mark, to the page. Which calls grow it is glibc's
+placement: a block takes the smallest free block that holds it (best fit, the rest left free),
+a freed block merges with its free neighbours, and one next to the top merges into the top.
+
+`Heap` follows that placement for the KV arrays only, in token-rows. A buffer of R rows is one
+array per layer's keys and values; they are followed in `GROUPS` groups, each block R units
+long (a unit: one row of one group). A call's arrays are built group after group, and an
+array's inputs are freed `WINDOW` groups later: MLX evaluates a call's graph in breadth-first
+order, 20 nodes wide (`MLX_BFS_MAX_WIDTH`), so about six of Qwen3-0.6B's 56 arrays are built
+before the first one's inputs go (the trace: six pads and six concatenations, then the first
+frees). Activations and MLX's own 32 MB buffer cache are left out: the activations are small
+beside the KV arrays, and they fill that cache. Against the faults of round 19's 15 confirm
+reports (`benchmarks/fresh_rules.py`), joins were predicted at 60.7k rows where they faulted
+63.3k (median miss 48 rows a join, where the pooled rule before missed by 507), prefills at
+7.7k where they faulted 7.4k (the rule before: 240).
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass, field
+
+GROUPS = 28  # groups the layers' arrays are followed in (Qwen3-0.6B: one per layer, keys and values)
+WINDOW = 3  # groups built before the first group's inputs are freed
+
+
+@dataclass
+class Heap:
+    """Free blocks (address order and size order), the top, the high-water mark, and the blocks
+    each group holds by size; `take` and `give` record a call's arrays, `settle` places them."""
+    free: list[tuple[int, int]] = field(default_factory=list)  # (address, size), by address
+    sizes: list[tuple[int, int]] = field(default_factory=list)  # (size, address), by size
+    top: int = 0  # where the top starts: everything from here up is free
+    high: int = 0  # the high-water mark: every page below it has been faulted in
+    held: list[dict[int, list[int]]] = field(default_factory=lambda: [{} for _ in range(GROUPS)])
+    pending: list[tuple[bool, int]] = field(default_factory=list)  # (allocate?, rows) since `settle`
+
+    def copy(self) -> "Heap":
+        return Heap(list(self.free), list(self.sizes), self.top, self.high,
+                    [{n: list(a) for n, a in g.items()} for g in self.held], list(self.pending))
+
+    def take(self, rows: int) -> None:
+        """An array of `rows` token-rows allocated (placed at the next `settle`)."""
+        if rows > 0:
+            self.pending.append((True, rows))
+
+    def give(self, rows: int) -> None:
+        """An array of `rows` token-rows freed."""
+        if rows > 0:
+            self.pending.append((False, rows))
+
+    def settle(self) -> int:
+        """Place the arrays recorded since the last call, group by group; the token-rows of fresh
+        memory they faulted in (the high-water mark's growth)."""
+        ops, self.pending = self.pending, []
+        first = next((i for i, (alloc, _) in enumerate(ops) if alloc), len(ops))
+        for _, n in ops[:first]:  # freed before the call began (a finished request's cache)
+            for g in range(GROUPS):
+                self._drop(g, n)
+        ops = ops[first:]
+        if not ops:
+            return 0
+        new = [n for alloc, n in ops if alloc]
+        gone = [n for alloc, n in ops if not alloc]
+        before = self.high
+        for g in range(GROUPS + WINDOW):
+            if g < GROUPS:
+                for n in new:
+                    self.held[g].setdefault(n, []).append(self._place(n))
+            if g >= WINDOW:
+                for n in gone:
+                    self._drop(g - WINDOW, n)
+        return (self.high - before + GROUPS // 2) // GROUPS
+
+    def _place(self, size: int) -> int:
+        """glibc's best fit: the smallest free block that holds `size`, else the top."""
+        i = bisect_left(self.sizes, (size, -1))
+        if i < len(self.sizes):
+            n, at = self.sizes.pop(i)
+            self.free.pop(bisect_left(self.free, (at, n)))
+            if n > size:
+                self._add_free(at + size, n - size)
+            return at
+        at = self.top
+        if self.free and sum(self.free[-1]) == self.top:  # the free block under the top joins it
+            at, n = self.free.pop()
+            del self.sizes[bisect_left(self.sizes, (n, at))]
+        self.top = at + size
+        self.high = max(self.high, self.top)
+        return at
+
+    def _drop(self, group: int, size: int) -> None:
+        """Free a block of `size` this group holds (the newest); a view's buffer is larger than the
+        view (a filter's shared padding dropped), so else the smallest larger one."""
+        held = self.held[group]
+        if size not in held:
+            larger = [n for n in held if n > size]
+            if not larger:
+                return
+            size = min(larger)
+        at = held[size].pop()
+        if not held[size]:
+            del held[size]
+        self._release(at, size)
+
+    def _release(self, at: int, size: int) -> None:
+        """A freed block, merged with its free neighbours, or into the top."""
+        free, sizes = self.free, self.sizes
+        i = bisect_left(free, (at, 0))
+        if i < len(free) and free[i][0] == at + size:  # the next block is free
+            _, n = free.pop(i)
+            del sizes[bisect_left(sizes, (n, at + size))]
+            size += n
+        if i > 0 and sum(free[i - 1]) == at:  # the previous block is free
+            at, n = free.pop(i - 1)
+            del sizes[bisect_left(sizes, (n, at))]
+            size += n
+        if at + size >= self.top:
+            self.top = at
+        else:
+            self._add_free(at, size)
+
+    def _add_free(self, at: int, size: int) -> None:
+        insort(self.free, (at, size))
+        insort(self.sizes, (size, at))
