@@ -45,7 +45,7 @@ def run_spec(spec: dict) -> dict:
     # an auto:MS budget prices its chunks with the profile confirm was given, as the simulator does
     cost = cost_model({"cost": spec["cost"]}) if "cost" in spec else None
     policy = policies.make(**spec["setting"], cost=cost)
-    probe.run()  # before the warm-up: the run finds the heap as the warm-up left it (`sim.kvcache.Heap`)
+    probe.run()  # before the warm-up: the run finds the heap as the warm-up left it (`sim.heap`)
     for _ in range(spec.get("warmup", 1)):
         engine.run(warmup_trace(trace), policy)
     t0 = time.perf_counter()

@@ -116,7 +116,7 @@ def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, s
     as much where the array was larger than any before as where it was not (README, stop 32), and
     the batch cache's growths cost 50-300. What it costs is its page faults (since stop 36 the fit
     prices them at the dear page: `calibrate.fit.fit_grow_single`). Stop 40 tried charging them to
-    fresh rows only (`sim.kvcache.Heap`): meTile's first growth, which the heap saw as all fresh,
+    fresh rows only (by the pooled heap of then): meTile's first growth, which the heap saw as all fresh,
     then priced 512 ms where it ran 278, and fifo's max ITL went from +56% to +83%."""
     if grow and single and cost.grow_single is not None:
         return cost.grow_single * written

@@ -15,10 +15,11 @@ array's inputs are freed `WINDOW` groups later: MLX evaluates a call's graph in 
 order, 20 nodes wide (`MLX_BFS_MAX_WIDTH`), so about six of Qwen3-0.6B's 56 arrays are built
 before the first one's inputs go (the trace: six pads and six concatenations, then the first
 frees). Activations and MLX's own 32 MB buffer cache are left out: the activations are small
-beside the KV arrays, and they fill that cache. Against the faults of round 19's 15 confirm
-reports (`benchmarks/fresh_rules.py`), joins were predicted at 60.7k rows where they faulted
-63.3k (median miss 48 rows a join, where the pooled rule before missed by 507), prefills at
-7.7k where they faulted 7.4k (the rule before: 240).
+beside the KV arrays, and they fill that cache. Against the faults of round 19's 15 pdsim
+confirm reports (`benchmarks/fresh_rules.py`), joins were predicted at 64.1k rows where they
+faulted 63.3k (a join's median miss 45 rows, where the pooled rule before, 118.5k rows, missed
+by 507), prefills at 5.8k where they faulted 7.4k (the rule before: 240), growths at 3.8k where
+they faulted 3.8k.
 """
 from __future__ import annotations
 

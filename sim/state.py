@@ -100,7 +100,7 @@ class EngineState:
 
     def __init__(self, trace: Trace, heap: Heap | None = None, log: EventLog | None = None,
                  memory: MemoryModel | None = None, kv_limit: int | None = None):
-        """`heap`: the process's heap as this run finds it (after its warm-up: `sim.kvcache.Heap`);
+        """`heap`: the process's heap as this run finds it (after its warm-up: `sim.heap`);
         `log`: where calls and tokens go (default a new `EventLog`; `sim.scored_log.ScoredLog`
         tallies a long run instead of keeping it); `memory`: the profile's memory model, whose
         largest call peak goes to the log as `peak_memory` (`sim.memory`; None: not priced);

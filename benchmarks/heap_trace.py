@@ -1,0 +1,111 @@
+"""Where a confirm run's page faults come from: the run again with glibc's calls traced (README, stop 43).
+
+Re-runs one setting of a confirm report's runs (its warm-up and probes too, as `pdsim confirm`
+ran it) with `benchmarks/malloc_trace.c` preloaded, which logs every malloc and free of 64 KiB
+or more with the heap's top. Then, per work item of the timed run: the page faults the run
+counted, the growth of the heap's high-water mark the trace shows, and the fresh rows
+`sim.heap` said, all in token-rows. In stop 43 the first two agreed to the page. Needs Linux,
+glibc and gcc; prints figures, asserts nothing.
+
+    python3 benchmarks/heap_trace.py REPORT.json.runs '{"policy": "chunked", "budget": 32, "batch_size": 4}'
+"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SHIM = "malloc_trace"
+
+
+def relaunch() -> None:
+    """Build the shim and run this script again with it (and the engine's BLAS) preloaded."""
+    from calibrate.blas import MARK, core_override, find_openblas
+    tmp = Path(tempfile.mkdtemp(prefix="heap-trace-"))
+    lib = tmp / f"{SHIM}.so"
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(ROOT / "benchmarks" / f"{SHIM}.c")],
+                   check=True)
+    blas = find_openblas()
+    env = dict(os.environ, MTRACE_OUT=str(tmp / "trace.txt"), **{MARK: "1"})
+    env["LD_PRELOAD"] = " ".join(p for p in (str(lib), blas, env.get("LD_PRELOAD", "")) if p)
+    if blas and (core := core_override(blas)):
+        env["OPENBLAS_CORETYPE"] = core
+    os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
+
+
+def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int]]:
+    """The setting's run as the confirm ran it, a marker after every work item; (log, calls per run)."""
+    import calibrate.executor as executor
+    import calibrate.worker as worker
+    mark = ctypes.CDLL(None).pdsim_mark
+    mark.argtypes = (ctypes.c_long,)
+    served, plain = [], executor.RealEngine.run
+
+    def marked(self, trace, policy, on_call=None):
+        mark(-1000 - len(served))  # a run starts: -1000, -1001, ... (warm-up, probes, the run)
+        out = plain(self, trace, policy, lambda state: mark(state.log.call_count))
+        served.append(out.log.call_count)
+        mark(-2000)
+        return out
+    executor.RealEngine.run = marked
+    what = json.loads((runs_dir / "what.json").read_text())
+    spec = {"model": what["model"], "trace_path": str(runs_dir / "trace.jsonl"), "setting": setting,
+            "warmup": 1, "probe": "pdsim"}
+    return worker.run_spec(spec)["log"], served
+
+
+def growth_by_item(trace_file: Path, run_index: int) -> list[tuple[int, int, int]]:
+    """(first call, end call, bytes the heap's high-water mark grew by) of each work item of run
+    `run_index`: the shim's markers give the calls each item ended with."""
+    high, inside, items, start, grew = 0, False, [], 0, 0
+    for line in trace_file.read_text().splitlines():
+        op, a, b, c = (line.split() + ["0", "0"])[:4]
+        if op == "M":
+            k = int(a) - (1 << 64) if int(a) >= 1 << 63 else int(a)
+            if k == -1000 - run_index:
+                inside, start, grew = True, 0, 0
+            elif inside and k == -2000:
+                break
+            elif inside:
+                items.append((start, k, grew))
+                start, grew = k, 0
+            continue
+        size, at, top = int(a), int(b, 16), int(c, 16)
+        if not at < top:  # a block glibc mapped on its own (above 32 MiB): not the heap
+            continue
+        if op == "A" and at + size > high:
+            if inside and high:
+                grew += at + size - max(high, at)
+            high = at + size
+    return items
+
+
+def main() -> None:
+    if SHIM not in os.environ.get("LD_PRELOAD", ""):
+        relaunch()
+    from calibrate.model import QWEN3_CONFIGS
+    from sim.memory import kv_bytes_per_token
+    runs_dir, setting = Path(sys.argv[1]), json.loads(sys.argv[2])
+    log, served = run(runs_dir, setting)
+    model = json.loads((runs_dir / "what.json").read_text())["model"]
+    row = kv_bytes_per_token(QWEN3_CONFIGS[model["name"]], model["dtype"])
+    timed = next(i for i, n in enumerate(served) if n == len(log["calls"]))
+    k = {name: i for i, name in enumerate(log["call_fields"])}
+    calls, faults = log["calls"], log["faults"]
+    print(f"runs served (calls): {served}; the timed run is run {timed}; a token-row is {row:,} bytes")
+    print("calls     faulted  heap grew  sim.heap fresh  | the item's calls (kind, requests, written)")
+    for a, b, grew in growth_by_item(Path(os.environ["MTRACE_OUT"]), timed):
+        faulted = sum(faults[a:b]) * 4096 / row
+        fresh = sum(c[k["fresh"]] for c in calls[a:b])
+        if faulted < 5 and grew < 5 * row and not fresh:
+            continue
+        what = ", ".join(f"{c[k['kind']]}({len(c[k['rids']])}, w{c[k['written']]})" for c in calls[a:b])
+        print(f"{a:3}-{b:<3}  {faulted:8.0f}  {grew / row:9.0f}  {fresh:14}  | {what}")
+
+
+if __name__ == "__main__":
+    main()
