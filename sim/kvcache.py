@@ -149,7 +149,7 @@ class KVBuffers:
             # gather), so it is not counted, only followed as memory taken
             longest = max(cached[r] for r in joining)
             merged = len(joining) * longest
-            self.heap.take(merged)  # freed below with the other inputs
+            self.heap.take(merged)  # freed below with the other inputs, or the batch cache itself if none
             if not kept:
                 self.idx = self.cap = longest
             else:  # extend: both sides padded to one size where they differ, then concatenated
