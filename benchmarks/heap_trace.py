@@ -84,12 +84,28 @@ def growth_by_item(trace_file: Path, run_index: int) -> list[tuple[int, int, int
     return items
 
 
+def arguments() -> tuple[Path, dict]:
+    """The runs folder and the setting, or one line saying what is wrong (exit 2)."""
+    if len(sys.argv) != 3:
+        sys.exit(print(f"usage: {sys.argv[0]} REPORT.json.runs SETTING_JSON", file=sys.stderr) or 2)
+    runs_dir = Path(sys.argv[1])
+    if not (runs_dir / "what.json").is_file():
+        sys.exit(print(f"{runs_dir}: not a confirm report's runs folder (no what.json)", file=sys.stderr) or 2)
+    try:
+        setting = json.loads(sys.argv[2])
+    except json.JSONDecodeError as e:
+        sys.exit(print(f"setting {sys.argv[2]!r}: not JSON ({e.msg})", file=sys.stderr) or 2)
+    if not isinstance(setting, dict):
+        sys.exit(print(f"setting {sys.argv[2]!r}: must be a JSON object", file=sys.stderr) or 2)
+    return runs_dir, setting
+
+
 def main() -> None:
+    runs_dir, setting = arguments()
     if SHIM not in os.environ.get("LD_PRELOAD", ""):
         relaunch()
     from calibrate.model import QWEN3_CONFIGS
     from sim.memory import kv_bytes_per_token
-    runs_dir, setting = Path(sys.argv[1]), json.loads(sys.argv[2])
     log, served = run(runs_dir, setting)
     model = json.loads((runs_dir / "what.json").read_text())["model"]
     row = kv_bytes_per_token(QWEN3_CONFIGS[model["name"]], model["dtype"])
