@@ -61,22 +61,24 @@ def iteration_seconds(cost: CostModel, state: EngineState, work: list[Work], hos
     """What the replay would charge for the iteration `work` if it ran next: `host` then every
     call, each priced after the ones before it ran (`call_costs`). An `auto` budget compares
     candidate chunks with it (`policies.budget`), so a chunk the simulator runs costs what the
-    policy predicted. Calls that allocate no fresh memory and complete no prompt change nothing
-    another call's price reads (a chunk writes its own cache, a decode the batch's), so each is
+    policy predicted. Calls that allocate no array and complete no prompt change nothing another
+    call's price reads (a chunk writes its own cache, a decode the batch's; an array, even in
+    freed memory, moves where the next one lands: `sim.heap`), so each is
     priced on the state as it is, once (`memo`: prices by call, for the candidates of one
     iteration); otherwise the iteration is followed on a scratch copy (`EngineState.what_if`)."""
     memo = {} if memo is None else memo
     completes = any(isinstance(w, Prefill) and w.tokens == state.queued[w.rid].prefill_left for w in work)
     if not completes or len(work) == 1:
-        total, fresh = host, False
+        total, moved = host, False
         for w in work:
             got = memo.get(w)
             if got is None:
                 rows = state.kv_rows(w)
-                got = memo[w] = (sum(call_costs(cost, state, w, rows)), rows[0][1] + rows[1][1] > 0)
+                allocates = rows[0][0] + rows[1][0] > 0 or (isinstance(w, Decode) and state.batch_change(w) != (0, 0))
+                got = memo[w] = (sum(call_costs(cost, state, w, rows)), allocates)
             total += got[0]
-            fresh = fresh or got[1]
-        if not fresh or len(work) == 1:
+            moved = moved or got[1]
+        if not moved or len(work) == 1:
             return total
     scratch, t = state.what_if(work), host
     for w in work:
