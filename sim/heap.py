@@ -88,10 +88,7 @@ class Heap:
             if n > size:
                 self._add_free(at + size, n - size)
             return at
-        at = self.top
-        if self.free and sum(self.free[-1]) == self.top:  # the free block under the top joins it
-            at, n = self.free.pop()
-            del self.sizes[bisect_left(self.sizes, (n, at))]
+        at = self.top  # no free block ends at the top: `_release` merges such a block into it
         self.top = at + size
         self.high = max(self.high, self.top)
         return at
