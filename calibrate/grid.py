@@ -165,8 +165,13 @@ def mlx_key_of(p: dict) -> str:
 # A quick grid for Qwen3-0.6B on a laptop CPU (a prompt row-token ~9 ms): about 40 s a round. One row
 # at each power of two 16-256: a prompt step's calls with one prompt at a time are one row of the
 # step (without [32], dense(32) came from [16, 16] only, and a step of 32's calls were priced 1.07x).
+# Single prompts of unaligned lengths (`spread`) and calls of 512-642 row-tokens (stop 44): every
+# prompt call above was a multiple of 8 row-tokens and at most 384, so an unaligned one's
+# remainder was fitted from a handful of the engine runs' calls, and a step of 512 with four
+# prompts at a time runs 3 x 214 = 642 (priced 1.06-1.12x in round 21, beyond the curve's end).
 MLX_QUICK = MlxLmGrid(prompts=[[16], [32], [64], [128], [256], [16, 16], [64, 64], [128, 128], [16] * 4, [32] * 4,
-                               [64] * 4, [40, 40, 40], [100, 100], [16] * 8, [64, 16], [128, 32, 8], [40, 16, 3, 40]],
+                               [64] * 4, [40, 40, 40], [100, 100], [16] * 8, [64, 16], [128, 32, 8], [40, 16, 3, 40],
+                               *([n] for n in spread(3, 250, 6)), [256, 256], [214, 180, 30]],
                       offsets=[0, 400], batches=list(range(1, 9)), contexts=[100, 400, 800],
                       firsts=[[1, 100], [2, 300], [4, 100], [3, 600]],
                       merges=[[2, 300, 1, 100], [4, 600, 2, 200], [1, 100, 3, 500], [6, 400, 1, 400]], repeats=3,

@@ -48,15 +48,16 @@ def counts_faults(samples: list[dict]) -> bool:
     return any(s.get("written") for s in samples) and all("faults" in s for s in samples if s.get("written"))
 
 
-def expected_faults(samples: list[dict], first: bool) -> float:
-    """Page faults per token-row written that the engine's own calls of a kind take (first
-    forwards, or the other steps), over the calibration's engine runs: a timed grid point starts
-    from an empty buffer cache and faults in all it builds, while most of the engine's merges
-    reuse freed buffers (qwen3-0.6b: grid merges 19-25 faults a row written, the engine's merges
-    1.6 over a calibration's engine runs and 0.2-3.1 in a confirm's; a row is 56 pages)."""
-    calls = [s for s in samples if s.get("source", "").startswith("engine:") and s.get("written")
-             and bool(s.get("first")) == first and "faults" in s]
-    return sum(s["faults"] for s in calls) / sum(s["written"] for s in calls) if calls else 0.0
+def fresh_by_faults(samples: list[dict], page: float, fitted: float) -> float:
+    """A fresh token-row's price (`sim.heap` says which rows are fresh): the median page faults
+    per fresh row over the calls that met some, at `page` seconds a fault (`fitted`, the form's
+    own price, where no call met any). Why: a row's faults cost what a fault costs, and both
+    the rows a call writes and the rows it meets fresh are known per call; the average faults
+    per row written that profiles priced before (stop 37) put a first forward's faults on every
+    first forward, and the ones that faulted nothing (most) were priced 1.11-1.23x their time in
+    three rounds' confirm runs (README, stop 44)."""
+    met = [s["faults"] / s["fresh"] for s in samples if s.get("fresh") and s.get("faults")]
+    return statistics.median(met) * page if met else fitted
 
 
 def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0, 0.0), tile: int = 0) -> MlxLmCosts:
@@ -89,8 +90,7 @@ def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0,
     att, rest = (rest[:2], rest[2:]) if knot < np.inf else ([rest[0], rest[0]], rest[1:])
     first, copy, fresh, page = (*rest, 0.0) if not counted else rest
     return MlxLmCosts((0.0, 0.0, 0.0, 0.0), (0.0, 0.0, att[0], att[1]), step_dense=dense, knot=knot, first=first,
-                      copy=copy + page * expected_faults(samples, False), fresh=fresh,
-                      first_copy=copy + page * expected_faults(samples, True) if counted else None)
+                      copy=copy, fresh=fresh_by_faults(samples, page, fresh) if counted else fresh)
 
 
 def pick_tile(samples: list[dict], copies: tuple[float, float]) -> int:

@@ -184,12 +184,12 @@ class MlxLmCosts:
     iteration: float = 0.0  # host work between two next() calls
     prompt_tile: int = 0  # rows*L beyond a multiple of this run slower kernels (0: no such term)
     prompt_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the call]
-    first_copy: float | None = None  # per token-row a first forward writes (None: `copy`)
+    first_copy: float | None = None  # per token-row a first forward writes (None: `copy`; profiles of stops 37-43)
 
     def copies(self, kind: str, written: int, fresh: int) -> float:
-        """A call's KV copies. A row's price holds the page faults the engine's calls of its kind
-        take per row on average (`calibrate.mlxlm_fit.expected_faults`): a first forward builds
-        new caches, a merge mostly reuses freed buffers."""
+        """A call's KV copies: its rows written, and the ones of them in fresh memory at the
+        faults such a row takes (`calibrate.mlxlm_fit.fresh_by_faults`). Profiles of stops 37-43
+        put the faults of an average row in `copy` and `first_copy` instead."""
         per_row = self.first_copy if kind == "first" and self.first_copy is not None else self.copy
         return per_row * written + self.fresh * fresh
 
