@@ -1,13 +1,15 @@
 """Where a confirm run's page faults come from: the run again with glibc's calls traced (README, stop 43).
 
 Re-runs one setting of a confirm report's runs (its warm-up and probes too, as `pdsim confirm`
-ran it) with `benchmarks/malloc_trace.c` preloaded, which logs every malloc and free of 64 KiB
+ran it, on pdsim's executor or mlx-lm's BatchGenerator as the report did) with `benchmarks/malloc_trace.c` preloaded, which logs every malloc and free of 64 KiB
 or more with the heap's top. Then, per work item of the timed run: the page faults the run
 counted, the growth of the heap's high-water mark the trace shows, and the fresh rows
 `sim.heap` said, all in token-rows. In stop 43 the first two agreed to the page. Needs Linux,
 glibc and gcc; prints figures, asserts nothing.
 
     python3 benchmarks/heap_trace.py REPORT.json.runs '{"policy": "chunked", "budget": 32, "batch_size": 4}'
+    python3 benchmarks/heap_trace.py MLX_REPORT.json.runs '{"policy": "mlx-lm", "prefill_step": 32,
+        "prompt_concurrency": 1, "decode_concurrency": 4}'
 """
 import ctypes
 import json
@@ -38,12 +40,15 @@ def relaunch() -> None:
 
 
 def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int]]:
-    """The setting's run as the confirm ran it, a marker after every work item; (log, calls per run)."""
+    """The setting's run as the confirm ran it (pdsim's executor, or mlx-lm's BatchGenerator
+    where the report's engine is mlx-lm), a marker after every work item (one `next()` of
+    BatchGenerator); (log, calls per run)."""
+    import calibrate.batchgen as batchgen
     import calibrate.executor as executor
     import calibrate.worker as worker
     mark = ctypes.CDLL(None).pdsim_mark
     mark.argtypes = (ctypes.c_long,)
-    served, plain = [], executor.RealEngine.run
+    served, plain, plain_bg = [], executor.RealEngine.run, batchgen.run_batch_generator
 
     def marked(self, trace, policy, on_call=None):
         mark(-1000 - len(served))  # a run starts: -1000, -1001, ... (warm-up, probes, the run)
@@ -51,10 +56,17 @@ def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int]]:
         served.append(out.log.call_count)
         mark(-2000)
         return out
-    executor.RealEngine.run = marked
+
+    def marked_bg(lm, trace, setting, heap=None, on_call=None):
+        mark(-1000 - len(served))
+        out = plain_bg(lm, trace, setting, heap, lambda state, gen: mark(state.log.call_count))
+        served.append(out[0].log.call_count)
+        mark(-2000)
+        return out
+    executor.RealEngine.run, batchgen.run_batch_generator = marked, marked_bg
     what = json.loads((runs_dir / "what.json").read_text())
     spec = {"model": what["model"], "trace_path": str(runs_dir / "trace.jsonl"), "setting": setting,
-            "warmup": 1, "probe": "pdsim"}
+            "warmup": 1, "probe": "pdsim", "engine": what.get("engine", "pdsim")}
     return worker.run_spec(spec)["log"], served
 
 
