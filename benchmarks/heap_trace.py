@@ -1,8 +1,9 @@
 """Where a confirm run's page faults come from: the run again with glibc's calls traced (README, stop 43).
 
 Re-runs one setting of a confirm report's runs (its warm-up and probes too, as `pdsim confirm`
-ran it, on pdsim's executor or mlx-lm's BatchGenerator as the report did) with `benchmarks/malloc_trace.c` preloaded, which logs every malloc and free of 64 KiB
-or more with the heap's top. Then, per work item of the timed run: the page faults the run
+ran it, on pdsim's executor or mlx-lm's BatchGenerator as the report did) with
+`benchmarks/malloc_trace.c` preloaded, which logs every malloc and free of 64 KiB or more with
+the heap's top. Then, per work item of the timed run: the page faults the run
 counted, the growth of the heap's high-water mark the trace shows, and the fresh rows
 `sim.heap` said, all in token-rows. In stop 43 the first two agreed to the page. Needs Linux,
 glibc and gcc; prints figures, asserts nothing.

@@ -164,7 +164,8 @@ def mlx_key_of(p: dict) -> str:
 
 # A quick grid for Qwen3-0.6B on a laptop CPU (a prompt row-token ~9 ms): about 100 s a round here
 # (stop 44). One row at each power of two 16-256: a prompt step's calls with one prompt at a time
-# are one row of the step (without [32], dense(32) came from [16, 16] only, and a step of 32's calls were priced 1.07x).
+# are one row of the step (without [32], dense(32) came from [16, 16] only, and a step of 32's
+# calls were priced 1.07x).
 # Single prompts of unaligned lengths (`spread`) and calls of 512-642 row-tokens (stop 44): every
 # prompt call above was a multiple of 8 row-tokens and at most 384, so an unaligned one's
 # remainder was fitted from a handful of the engine runs' calls, and a step of 512 with four

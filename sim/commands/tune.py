@@ -174,7 +174,6 @@ def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
     from policies.mlxlm import server_command
     from sim.commands import confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
     from sim.costmodel import cost_model
-    from sim.metric_registry import DEFAULT_LATENCY
     from sim.pick import Objective
     from sim.report import make_report
     from sim.settings import grid_settings, setting
