@@ -207,3 +207,12 @@ def test_a_trace_longer_than_the_profiles_model_holds(tmp_path, capsys):
 def test_a_profile_for_another_device_is_refused_when_asked(tmp_path, capsys):
     prof = profile(tmp_path, lambda d: d["device"].__setitem__("id", "cpu:Other:2:GENERIC"))
     refused(["simulate", "--profile", prof, "--device", "cpu:Mine:2:SKYLAKEX"], capsys, "cpu:Other")
+
+
+@pytest.mark.parametrize("slo, needle", [("bogus", "expected METRIC<=X"), ("no_such_metric<=5", "no_such_metric"),
+                                          ("decode_gap_p95_ms<=abc", "not a number")])
+def test_tune_checks_its_slo_before_any_work(tmp_path, capsys, slo, needle):
+    out = tmp_path / "tune"
+    refused(["tune", "--slo", slo, "-o", str(out)], capsys, "--slo", needle)
+    assert not out.exists()  # refused before the calibration and before its output folder
+

@@ -70,9 +70,12 @@ def run(args: argparse.Namespace) -> int:
     from calibrate.host import host_info
     from calibrate.model import QWEN3_CONFIGS
     from sim.errors import UserError
+    from sim.sweep_results import SweepPlan
 
     if args.model not in QWEN3_CONFIGS:
         raise UserError(f"unknown model {args.model!r}; known: {', '.join(QWEN3_CONFIGS)}")
+    if args.slo:  # read as the sweep will read it, before a calibration of minutes
+        SweepPlan({}, [], {}, slo=args.slo).targets
     host = host_info()
     preset = PRESETS[host["kind"]]
     if args.engine == "mlx-lm":
