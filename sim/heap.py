@@ -33,9 +33,12 @@ WINDOW = 3  # groups built before the first group's inputs are freed
 
 @dataclass
 class Heap:
-    """Free blocks (address order and size order), the top, the high-water mark, and the blocks
-    each group holds by size; `take` and `give` record a call's arrays, `settle` places them."""
-    free: list[tuple[int, int]] = field(default_factory=list)  # (address, size), by address
+    """Free blocks (by start, by end and in size order), the top, the high-water mark, and the
+    blocks each group holds by size; `take` and `give` record a call's arrays, `settle` places
+    them. A freed block finds its free neighbours by its two ends, and a placement the best fit
+    by size, without a list kept in address order (a replay's most frequent work)."""
+    free: dict[int, int] = field(default_factory=dict)  # address -> size
+    ends: dict[int, int] = field(default_factory=dict)  # address + size -> address
     sizes: list[tuple[int, int]] = field(default_factory=list)  # (size, address), by size
     top: int = 0  # where the top starts: everything from here up is free
     high: int = 0  # the high-water mark: every page below it has been faulted in
@@ -43,7 +46,7 @@ class Heap:
     pending: list[tuple[bool, int]] = field(default_factory=list)  # (allocate?, rows) since `settle`
 
     def copy(self) -> "Heap":
-        return Heap(list(self.free), list(self.sizes), self.top, self.high,
+        return Heap(dict(self.free), dict(self.ends), list(self.sizes), self.top, self.high,
                     [{n: list(a) for n, a in g.items()} for g in self.held], list(self.pending))
 
     def take(self, rows: int) -> None:
@@ -84,7 +87,7 @@ class Heap:
         i = bisect_left(self.sizes, (size, -1))
         if i < len(self.sizes):
             n, at = self.sizes.pop(i)
-            self.free.pop(bisect_left(self.free, (at, n)))
+            del self.free[at], self.ends[at + n]
             if n > size:
                 self._add_free(at + size, n - size)
             return at
@@ -109,21 +112,21 @@ class Heap:
 
     def _release(self, at: int, size: int) -> None:
         """A freed block, merged with its free neighbours, or into the top."""
-        free, sizes = self.free, self.sizes
-        i = bisect_left(free, (at, 0))
-        if i < len(free) and free[i][0] == at + size:  # the next block is free
-            _, n = free.pop(i)
-            del sizes[bisect_left(sizes, (n, at + size))]
+        free, ends, sizes = self.free, self.ends, self.sizes
+        n = free.pop(at + size, None)
+        if n is not None:  # the next block is free
+            del ends[at + size + n], sizes[bisect_left(sizes, (n, at + size))]
             size += n
-        if i > 0 and sum(free[i - 1]) == at:  # the previous block is free
-            at, n = free.pop(i - 1)
-            del sizes[bisect_left(sizes, (n, at))]
-            size += n
+        before = ends.pop(at, None)
+        if before is not None:  # the previous block is free
+            n = free.pop(before)
+            del sizes[bisect_left(sizes, (n, before))]
+            at, size = before, size + n
         if at + size >= self.top:
             self.top = at
         else:
             self._add_free(at, size)
 
     def _add_free(self, at: int, size: int) -> None:
-        insort(self.free, (at, size))
+        self.free[at], self.ends[at + size] = size, at
         insort(self.sizes, (size, at))
