@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model not in QWEN3_CONFIGS:
         raise UserError(f"unknown model {args.model!r}; known: {', '.join(QWEN3_CONFIGS)}")
     if args.slo:  # read as the sweep will read it, before a calibration of minutes
-        SweepPlan({}, [], {}, slo=args.slo).targets
+        _ = SweepPlan({}, [], {}, slo=args.slo).targets  # its goodput targets parsed too
     host = host_info()
     preset = PRESETS[host["kind"]]
     if args.engine == "mlx-lm":
