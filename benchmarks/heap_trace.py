@@ -10,7 +10,12 @@ glibc and gcc; prints figures, asserts nothing.
 
     python3 benchmarks/heap_trace.py REPORT.json.runs '{"policy": "chunked", "budget": 32, "batch_size": 4}'
     python3 benchmarks/heap_trace.py MLX_REPORT.json.runs '{"policy": "mlx-lm", "prefill_step": 32,
-        "prompt_concurrency": 1, "decode_concurrency": 4}'
+        "prompt_concurrency": 1, "decode_concurrency": 4}' 54
+
+With a call number, also the free memory just before the work item that holds that call:
+the pieces between live blocks, from the first block the runs allocated up, and the room below
+the high-water mark above the top, in the process (the trace) and in `sim.heap` (the run's own
+state), in MB.
 """
 import ctypes
 import json
@@ -40,35 +45,81 @@ def relaunch() -> None:
     os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
 
 
-def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int]]:
+def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int], list[dict]]:
     """The setting's run as the confirm ran it (pdsim's executor, or mlx-lm's BatchGenerator
     where the report's engine is mlx-lm), a marker after every work item (one `next()` of
-    BatchGenerator); (log, calls per run)."""
+    BatchGenerator); (log, calls per run, per run `sim.heap` after each item by calls done)."""
     import calibrate.batchgen as batchgen
     import calibrate.executor as executor
     import calibrate.worker as worker
     mark = ctypes.CDLL(None).pdsim_mark
     mark.argtypes = (ctypes.c_long,)
-    served, plain, plain_bg = [], executor.RealEngine.run, batchgen.run_batch_generator
+    served, heaps, plain, plain_bg = [], [], executor.RealEngine.run, batchgen.run_batch_generator
+
+    def item_done(state) -> None:
+        mark(state.log.call_count)
+        heaps[-1][state.log.call_count] = state.kv.heap.copy()
 
     def marked(self, trace, policy, on_call=None):
         mark(-1000 - len(served))  # a run starts: -1000, -1001, ... (warm-up, probes, the run)
-        out = plain(self, trace, policy, lambda state: mark(state.log.call_count))
+        heaps.append({})
+        out = plain(self, trace, policy, item_done)
         served.append(out.log.call_count)
         mark(-2000)
         return out
 
     def marked_bg(lm, trace, setting, heap=None, on_call=None):
         mark(-1000 - len(served))
-        out = plain_bg(lm, trace, setting, heap, lambda state, gen: mark(state.log.call_count))
+        heaps.append({})
+        out = plain_bg(lm, trace, setting, heap, lambda state, gen: item_done(state))
         served.append(out[0].log.call_count)
         mark(-2000)
         return out
     executor.RealEngine.run, batchgen.run_batch_generator = marked, marked_bg
     what = json.loads((runs_dir / "what.json").read_text())
     spec = {"model": what["model"], "trace_path": str(runs_dir / "trace.jsonl"), "setting": setting,
-            "warmup": 1, "probe": "pdsim", "engine": what.get("engine", "pdsim")}
-    return worker.run_spec(spec)["log"], served
+            "warmup": 1, "engine": what.get("engine", "pdsim")}
+    spec["probe"] = spec["engine"]  # as the confirm probed it (`speed_probe.probe_engine`)
+    return worker.run_spec(spec)["log"], served, heaps
+
+
+def real_free(trace_file: Path, run_index: int, before: int) -> tuple[list[int], int]:
+    """(free pieces between live blocks, bytes, from the first block the runs allocated up; the
+    top chunk) just before the item of run `run_index` that starts at call `before`."""
+    live, runs_began, first, inside, top = {}, False, None, False, 0
+    for line in trace_file.read_text().splitlines():
+        op, a, b, c = (line.split() + ["0", "0"])[:4]
+        if op == "M":
+            k = int(a) - (1 << 64) if int(a) >= 1 << 63 else int(a)
+            runs_began = runs_began or -2000 < k <= -1000
+            if k == -1000 - run_index:
+                inside = True
+            elif inside and k == before:
+                break
+            continue
+        size, at, top = int(a), int(b, 16), int(c, 16)
+        if not at < top:
+            continue
+        if op == "A":
+            live[at] = size
+            first = at if runs_began and (first is None or at < first) else first
+        else:
+            live.pop(at, None)
+    pieces, end = [], first
+    for at, size in sorted(live.items()):
+        if at + size <= first:
+            continue
+        if end < at < end + (1 << 30):  # a gap of a gigabyte or more parts two mappings, not the heap
+            pieces.append(at - end)
+        end = max(end, at + size)
+    return pieces, top - end
+
+
+def show_free(label: str, pieces: list[int], room: int) -> None:
+    mb = lambda n: f"{n / (1 << 20):.1f}"  # noqa: E731
+    big = sorted((p for p in pieces if p >= 1 << 20), reverse=True)
+    print(f"{label}: {mb(sum(pieces))} MB free in {len(pieces)} pieces (of 1 MB or more: "
+          f"{', '.join(map(mb, big[:8])) or 'none'}{' ...' if len(big) > 8 else ''}); {mb(room)} MB above the top")
 
 
 def growth_by_item(trace_file: Path, run_index: int) -> list[tuple[int, int, int]]:
@@ -99,8 +150,8 @@ def growth_by_item(trace_file: Path, run_index: int) -> list[tuple[int, int, int
 
 def arguments() -> tuple[Path, dict]:
     """The runs folder and the setting, or one line saying what is wrong (exit 2)."""
-    if len(sys.argv) != 3:
-        sys.exit(print(f"usage: {sys.argv[0]} REPORT.json.runs SETTING_JSON", file=sys.stderr) or 2)
+    if len(sys.argv) not in (3, 4) or (len(sys.argv) == 4 and not sys.argv[3].isdigit()):
+        sys.exit(print(f"usage: {sys.argv[0]} REPORT.json.runs SETTING_JSON [CALL]", file=sys.stderr) or 2)
     runs_dir = Path(sys.argv[1])
     if not (runs_dir / "what.json").is_file():
         sys.exit(print(f"{runs_dir}: not a confirm report's runs folder (no what.json)", file=sys.stderr) or 2)
@@ -118,8 +169,9 @@ def main() -> None:
     if SHIM not in os.environ.get("LD_PRELOAD", ""):
         relaunch()
     from calibrate.model import QWEN3_CONFIGS
+    from sim.heap import GROUPS
     from sim.memory import kv_bytes_per_token
-    log, served = run(runs_dir, setting)
+    log, served, heaps = run(runs_dir, setting)
     model = json.loads((runs_dir / "what.json").read_text())["model"]
     row = kv_bytes_per_token(QWEN3_CONFIGS[model["name"]], model["dtype"])
     timed = next(i for i, n in enumerate(served) if n == len(log["calls"]))
@@ -134,6 +186,17 @@ def main() -> None:
             continue
         what = ", ".join(f"{c[k['kind']]}({len(c[k['rids']])}, w{c[k['written']]})" for c in calls[a:b])
         print(f"{a:3}-{b:<3}  {faulted:8.0f}  {grew / row:9.0f}  {fresh:14}  | {what}")
+    if len(sys.argv) == 4:
+        # the item that holds the call (a run's path can differ from the report's: its calls too)
+        before = max((n for n in heaps[timed] if n <= int(sys.argv[3])), default=None)
+        if before is None:
+            sys.exit(print(f"call {sys.argv[3]}: in the timed run's first work item, which nothing precedes",
+                           file=sys.stderr) or 2)
+        unit = row / GROUPS  # sim.heap's unit: one token-row of one group
+        show_free(f"before call {before}, the process", *real_free(Path(os.environ["MTRACE_OUT"]), timed, before))
+        heap = heaps[timed][before]
+        show_free(f"before call {before}, sim.heap   ", [round(n * unit) for n in heap.free.values()],
+                  round((heap.high - heap.top) * unit))
 
 
 if __name__ == "__main__":

@@ -14,14 +14,18 @@ long (a unit: one row of one group). A call's arrays are built group after group
 array's inputs are freed `WINDOW` groups later: MLX evaluates a call's graph in breadth-first
 order, 20 nodes wide (`MLX_BFS_MAX_WIDTH`), so about six of Qwen3-0.6B's 56 arrays are built
 before the first one's inputs go (the trace: six pads and six concatenations, then the first
-frees). Activations and MLX's own 32 MB buffer cache are left out. They are what the model
-misses most: before a traced mlx-lm merge the process had 43.7 MB free in pieces of at most 6.4
-MB, cut by 73 small non-KV blocks (activations that cache keeps), where the model had 40 MB in
-one piece, so the merge faulted 279 rows and the model said 101 (README, stop 44). One block of
-activations per call, tried in stop 44, broke the decode growths' fault price. Against the faults of round 19's 15 pdsim
-confirm reports (`benchmarks/fresh_rules.py`), joins were predicted at 59.2k rows where they
-faulted 63.3k, a join's faulted/predicted 0.86-1.03-2.01 (p10-p50-p90; the pooled free memory
-before: 118.5k rows, 0.19-0.55-0.69), and prefills at 5.6k where they faulted 7.4k (before: 240
+frees). Activations, logits and MLX's own 32 MB buffer cache are left out. The model's free
+memory is what it misses most: before a traced mlx-lm merge (`benchmarks/heap_trace.py`, with a
+call number) the process had 37 MB free in 328 pieces, the largest 6.4 MB, and 7 MB above its
+top; the model had 4 MB in one piece and 36 MB above the top. The merge's 3 MB arrays fit in the
+model's room and grew the process's heap: 293 rows faulted where the model said 101 (README,
+stops 44-45). What cuts the process's memory into pieces is not known yet: above the weights,
+only three of the traced blocks (64 KiB and up) were not KV arrays (logits), and smaller blocks
+are not traced. One block of activations per call, tried in stop 44, broke the decode growths'
+fault price. Against the faults of round 19's 15 pdsim confirm reports
+(`benchmarks/fresh_rules.py`), joins were predicted at 59.2k rows where they faulted 63.3k, a
+join's faulted/predicted 0.86-1.03-2.01 (p10-p50-p90; the pooled free memory before: 118.5k
+rows, 0.19-0.55-0.69), and prefills at 5.6k where they faulted 7.4k (before: 240
 rows). On round 21's, measured after this was written: joins 49.8k for 53.5k (before 102.8k),
 prefills 7.2k for 9.7k (before 567).
 """
