@@ -12,10 +12,10 @@ glibc and gcc; prints figures, asserts nothing.
     python3 benchmarks/heap_trace.py MLX_REPORT.json.runs '{"policy": "mlx-lm", "prefill_step": 32,
         "prompt_concurrency": 1, "decode_concurrency": 4}' 54
 
-With a call number, also the free memory just before the work item that holds that call:
-the pieces between live blocks, from the first block the runs allocated up, and the room below
-the high-water mark above the top, in the process (the trace) and in `sim.heap` (the run's own
-state), in MB.
+With a call number, also the work item that holds that call, in the process (the trace) and in
+`sim.heap` (the run's own state): the free memory just before it (the pieces between live blocks,
+from the first block the runs allocated up, and the room below the high-water mark above the
+top, in MB), and the blocks it allocated and freed, in order (README, stop 45).
 """
 import ctypes
 import json
@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,24 +46,40 @@ def relaunch() -> None:
     os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
 
 
-def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int], list[dict]]:
+@dataclass
+class Followed:
+    """What `sim.heap` did in one run, by work item (keyed by the calls done before it)."""
+    heaps: dict = field(default_factory=dict)  # the heap after each item
+    settles: dict = field(default_factory=dict)  # each item's settles: lists of (allocate?, rows)
+    start: int = 0  # calls done before the item running now
+
+
+def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int], list[Followed]]:
     """The setting's run as the confirm ran it (pdsim's executor, or mlx-lm's BatchGenerator
     where the report's engine is mlx-lm), a marker after every work item (one `next()` of
-    BatchGenerator); (log, calls per run, per run `sim.heap` after each item by calls done)."""
+    BatchGenerator); (log, calls per run, what `sim.heap` did in each run)."""
     import calibrate.batchgen as batchgen
     import calibrate.executor as executor
     import calibrate.worker as worker
+    from sim.heap import Heap
     mark = ctypes.CDLL(None).pdsim_mark
     mark.argtypes = (ctypes.c_long,)
-    served, heaps, plain, plain_bg = [], [], executor.RealEngine.run, batchgen.run_batch_generator
+    served, followed = [], []
+    plain, plain_bg, plain_settle = executor.RealEngine.run, batchgen.run_batch_generator, Heap.settle
+
+    def settle(heap):
+        if followed:
+            followed[-1].settles.setdefault(followed[-1].start, []).append(list(heap.pending))
+        return plain_settle(heap)
 
     def item_done(state) -> None:
         mark(state.log.call_count)
-        heaps[-1][state.log.call_count] = state.kv.heap.copy()
+        followed[-1].heaps[state.log.call_count] = state.kv.heap.copy()
+        followed[-1].start = state.log.call_count
 
     def marked(self, trace, policy, on_call=None):
         mark(-1000 - len(served))  # a run starts: -1000, -1001, ... (warm-up, probes, the run)
-        heaps.append({})
+        followed.append(Followed())
         out = plain(self, trace, policy, item_done)
         served.append(out.log.call_count)
         mark(-2000)
@@ -70,17 +87,48 @@ def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int], list[dict]]:
 
     def marked_bg(lm, trace, setting, heap=None, on_call=None):
         mark(-1000 - len(served))
-        heaps.append({})
+        followed.append(Followed())
         out = plain_bg(lm, trace, setting, heap, lambda state, gen: item_done(state))
         served.append(out[0].log.call_count)
         mark(-2000)
         return out
-    executor.RealEngine.run, batchgen.run_batch_generator = marked, marked_bg
+    executor.RealEngine.run, batchgen.run_batch_generator, Heap.settle = marked, marked_bg, settle
     what = json.loads((runs_dir / "what.json").read_text())
     spec = {"model": what["model"], "trace_path": str(runs_dir / "trace.jsonl"), "setting": setting,
             "warmup": 1, "engine": what.get("engine", "pdsim")}
     spec["probe"] = spec["engine"]  # as the confirm probed it (`speed_probe.probe_engine`)
-    return worker.run_spec(spec)["log"], served, heaps
+    return worker.run_spec(spec)["log"], served, followed
+
+
+def item_blocks(trace_file: Path, run_index: int, start: int) -> list[tuple[str, int]]:
+    """(A or F, bytes) of each heap block the item of run `run_index` that starts at call
+    `start` allocated or freed, in order."""
+    out, inside, now = [], False, None
+    for line in trace_file.read_text().splitlines():
+        op, a, b, c = (line.split() + ["0", "0"])[:4]
+        if op == "M":
+            k = int(a) - (1 << 64) if int(a) >= 1 << 63 else int(a)
+            if k == -1000 - run_index:
+                inside, now = True, 0
+            elif inside and k == -2000:
+                break
+            elif inside:
+                now = k
+            continue
+        if inside and now == start and int(b, 16) < int(c, 16):
+            out.append((op, int(a)))
+    return out
+
+
+def runs_of(labels: list[str]) -> str:
+    """Labels with repeats run together: "A768r x10 F256r x2 ..."."""
+    out: list[list] = []
+    for x in labels:
+        if out and out[-1][0] == x:
+            out[-1][1] += 1
+        else:
+            out.append([x, 1])
+    return " ".join(f"{x} x{n}" if n > 1 else x for x, n in out)
 
 
 def real_free(trace_file: Path, run_index: int, before: int) -> tuple[list[int], int]:
@@ -171,7 +219,7 @@ def main() -> None:
     from calibrate.model import QWEN3_CONFIGS
     from sim.heap import GROUPS
     from sim.memory import kv_bytes_per_token
-    log, served, heaps = run(runs_dir, setting)
+    log, served, followed = run(runs_dir, setting)
     model = json.loads((runs_dir / "what.json").read_text())["model"]
     row = kv_bytes_per_token(QWEN3_CONFIGS[model["name"]], model["dtype"])
     timed = next(i for i, n in enumerate(served) if n == len(log["calls"]))
@@ -188,16 +236,24 @@ def main() -> None:
         print(f"{a:3}-{b:<3}  {faulted:8.0f}  {grew / row:9.0f}  {fresh:14}  | {what}")
     if len(sys.argv) == 4:
         # the item that holds the call (a run's path can differ from the report's: its calls too)
-        before = max((n for n in heaps[timed] if n <= int(sys.argv[3])), default=None)
+        mine = followed[timed]
+        before = max((n for n in mine.heaps if n <= int(sys.argv[3])), default=None)
         if before is None:
             sys.exit(print(f"call {sys.argv[3]}: in the timed run's first work item, which nothing precedes",
                            file=sys.stderr) or 2)
-        unit = row / GROUPS  # sim.heap's unit: one token-row of one group
-        show_free(f"before call {before}, the process", *real_free(Path(os.environ["MTRACE_OUT"]), timed, before))
-        heap = heaps[timed][before]
+        unit, trace_file = row / GROUPS, Path(os.environ["MTRACE_OUT"])  # sim.heap's unit: a token-row of one group
+        show_free(f"before call {before}, the process", *real_free(trace_file, timed, before))
+        heap = mine.heaps[before]
         show_free(f"before call {before}, sim.heap   ", [round(n * unit) for n in heap.free.values()],
                   round((heap.high - heap.top) * unit))
-
+        array_row = row // (2 * GROUPS)  # one token-row of one layer's keys (or values)
+        label = lambda size: (f"{(size - 8) // array_row}r" if (size - 8) % array_row == 0 and size - 8 >= 128 * array_row
+                              else f"{size // 1024}K")  # noqa: E731  MLX adds 8 bytes to every buffer
+        print(f"the item's blocks, in order (r: 128 or more whole KV rows of one array, which an activation can "
+              f"also be; K: KiB), the process: "
+              f"{runs_of([op + label(size) for op, size in item_blocks(trace_file, timed, before)])}")
+        print("sim.heap's settles (T: taken, G: given, rows of every layer's keys and values): " + " | ".join(
+            " ".join(("T" if take else "G") + str(n) for take, n in ops) for ops in mine.settles.get(before, [])))
 
 if __name__ == "__main__":
     main()
