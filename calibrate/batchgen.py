@@ -27,6 +27,7 @@ must ask for exactly what the generator did, or the run says so (`RunCheck`).
 """
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -113,7 +114,7 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, heap: Heap
     inserted: dict[str, int] = {}
     idle = 0.0
     foreign = reset_peak(lm)  # this run's peak, as pdsim's executor takes it (`sim.memory` predicts it)
-    state.log.faults = []
+    state.log.faults, state.log.fault_bytes = [], resource.getpagesize()
     try:
         while not state.done:
             before = state.arrived

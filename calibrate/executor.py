@@ -86,7 +86,7 @@ class RealEngine:
                 self.outputs[r.id].append(prefill_chunk(self.lm, self.caches[r.id], self.prompts[r.id])[0])
         idle, t0 = 0.0, time.perf_counter()
         clock = lambda: time.perf_counter() - t0
-        state.log.faults = []
+        state.log.faults, state.log.fault_bytes = [], resource.getpagesize()
         while not state.done:
             state.admit(clock())
             work = next_work(policy, state, clock(), self._free)

@@ -105,6 +105,7 @@ class EventLog:
     # fresh memory as the kernel counted it, beside `Call.fresh`, the state machine's estimate of
     # it (a join that faulted 160 MB ran 0.49 s where its copy is priced at 63 ms); None: not counted
     faults: list[int] | None = None
+    fault_bytes: int = 4096  # the page a fault maps on the host that counted them (every log before it: Linux, x86)
 
     def add(self, call: Call) -> None:
         self._parts[-1].append(call)
@@ -183,7 +184,7 @@ class EventLog:
             "call_fields": list(Call._fields),
             "tokens": self.tokens,
             **({"peak_memory": self.peak_memory} if self.peak_memory is not None else {}),
-            **({"faults": self.faults} if self.faults is not None else {}),
+            **({"faults": self.faults, "fault_bytes": self.fault_bytes} if self.faults is not None else {}),
         }
 
     @staticmethod
@@ -198,4 +199,5 @@ class EventLog:
         log.tokens = {k: list(v) for k, v in d["tokens"].items()}
         log.peak_memory = d.get("peak_memory")
         log.faults = d.get("faults")
+        log.fault_bytes = d.get("fault_bytes", 4096)
         return log

@@ -45,7 +45,7 @@ def relog(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryM
     if memory is None:
         state.log.peak_memory = log.peak_memory
     if log.faults is not None and len(log.faults) == state.log.call_count:  # measured, call for call
-        state.log.faults = list(log.faults)
+        state.log.faults, state.log.fault_bytes = list(log.faults), log.fault_bytes
     return state.log
 
 

@@ -98,20 +98,33 @@ def call_ratios(logs: list[EventLog], cost: CostModel) -> list[tuple[str, str, f
 def residual_table(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:
     """One row per call kind (and size bucket): calls, median and p90 of predicted/measured, the
     median |relative error|; where the runs counted page faults, how many calls faulted `FAULTED`
-    pages or more and their median predicted/measured (None: none did)."""
+    pages or more and their median predicted/measured (None: none did), and where the cost
+    model knows a KV token's bytes, the token-rows of fresh memory `sim.heap` gave the calls
+    against the rows they faulted, with the sum of the calls' |difference|: the heap model's miss
+    by call kind, which a time ratio mixes with every other price."""
     rows = summarize(call_ratios(logs, cost), by_size)
     counted = [log for log in logs if log.faults is not None]
     if counted:
+        row_bytes = getattr(cost, "kv_bytes", None)
         faulted: dict[tuple[str, str], list[float]] = {}
+        fresh: dict[tuple[str, str], list[tuple[int, float]]] = {}
         for log in counted:
             for c, n in timed_calls(log):
+                key = (call_kind(c), size_bucket(c.kind, c.tokens, len(c.rids)) if by_size else "all")
                 if n >= FAULTED:
-                    bucket = size_bucket(c.kind, c.tokens, len(c.rids)) if by_size else "all"
-                    faulted.setdefault((call_kind(c), bucket), []).append(price_call(cost, c) / (c.end - c.start))
+                    faulted.setdefault(key, []).append(price_call(cost, c) / (c.end - c.start))
+                if row_bytes:
+                    fresh.setdefault(key, []).append((c.fresh, n * log.fault_bytes / row_bytes))
         for row in rows:
-            rs = faulted.get((row["kind"], row["size"]), [])
+            key = (row["kind"], row["size"])
+            rs = faulted.get(key, [])
             row["faulted"] = len(rs)
             row["faulted_ratio_median"] = float(np.median(rs)) if rs else None
+            if row_bytes:
+                pairs = fresh.get(key, [])
+                row["fresh_rows"] = sum(p for p, _ in pairs)
+                row["faulted_rows"] = float(sum(f for _, f in pairs))
+                row["fresh_rows_error"] = float(sum(abs(p - f) for p, f in pairs))
     return rows
 
 

@@ -146,7 +146,9 @@ def test_each_call_counts_its_own_page_faults(engine, monkeypatch):
     from sim.costmodel import LinearCostModel
     from sim.log import EventLog
     from sim.relog import relog
+    from sim.memory import kv_bytes_per_token
     from sim.residuals import FAULTED, residual_table
+    import resource
     sync = DecodeBatch.sync
 
     def faulting_sync(self, ids, caches):
@@ -167,3 +169,14 @@ def test_each_call_counts_its_own_page_faults(engine, monkeypatch):
     join = next(r for r in rows if r["kind"] == "join")
     assert join["faulted"] == sum(1 for i in synced if calls[i].joined and faults[i] >= FAULTED)
     assert (join["faulted_ratio_median"] is None) == (join["faulted"] == 0)
+    assert "fresh_rows" not in join  # a cost model that does not know a KV row's bytes
+    # in token-rows: the faults at the host's page, beside the rows `sim.heap` gave the same calls
+    assert kept.fault_bytes == resource.getpagesize()
+    row = kv_bytes_per_token(engine.lm.config, engine.lm.dtype)
+    rows = residual_table([kept], LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0), kv_bytes=row), by_size=False)
+    join = next(r for r in rows if r["kind"] == "join")
+    joins = [i for i in synced if calls[i].joined]
+    assert join["faulted_rows"] == pytest.approx(sum(faults[i] for i in joins) * resource.getpagesize() / row)
+    assert join["faulted_rows"] >= 8 * 2**20 / row * len(joins)  # the 8 MiB each one mapped
+    assert join["fresh_rows"] == sum(calls[i].fresh for i in joins)
+    assert join["fresh_rows_error"] >= abs(join["fresh_rows"] - join["faulted_rows"])

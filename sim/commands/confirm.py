@@ -125,11 +125,14 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                         ["class", "metric", "predicted", "measured (median)", "min..max", "rel. error"]))
         if res.get("calls_by_kind"):  # reports written before the per-call table have none
             faults = all("faulted" in c for c in res["calls_by_kind"])  # runs that counted page faults (stop 34)
+            rows = all("fresh_rows" in c for c in res["calls_by_kind"])  # and the rows of it (stop 45)
             print(table([dict(c, range=f"{fmt(c['ratio_p10'])}..{fmt(c['ratio_p90'])}") for c in res["calls_by_kind"]],
                         ["kind", "calls", "ratio_median", "range", "abs_error_median"]
-                        + (["faulted", "faulted_ratio_median"] if faults else []),
+                        + (["faulted", "faulted_ratio_median"] if faults else [])
+                        + (["fresh_rows", "faulted_rows", "fresh_rows_error"] if rows else []),
                         ["call kind", "calls", "pred/meas (median)", "p10..p90", "median |err|"]
-                        + (["faulted >1 MiB", "their pred/meas"] if faults else [])))
+                        + (["faulted >1 MiB", "their pred/meas"] if faults else [])
+                        + (["fresh rows (sim.heap)", "rows faulted", "sum |diff|"] if rows else [])))
     print(f"\nwrote {out}" + (f" ({report['wall_s']:.0f} s)" if "rescored_from" not in report else
                               f" (rescored {report['rescored_from']} with {report['profile']['path']})"))
     if tolerance and worst > tolerance:

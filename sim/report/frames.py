@@ -202,11 +202,14 @@ def call_frame(doc: dict) -> pd.DataFrame:
     written before confirm kept them."""
     rows = [{"setting": r["label"], "kind": c["kind"], "size": c["size"], "calls": c["calls"],
              "median": c["ratio_median"], "p10": c["ratio_p10"], "p90": c["ratio_p90"],
-             "faulted": c.get("faulted"), "faulted_median": c.get("faulted_ratio_median")}
+             "faulted": c.get("faulted"), "faulted_median": c.get("faulted_ratio_median"),
+             "fresh_rows": c.get("fresh_rows"), "faulted_rows": c.get("faulted_rows")}
             for r in doc["results"] for c in r.get("calls") or []]
     columns = ["setting", "kind", "size", "calls", "median", "p10", "p90"]
     if any(row["faulted"] is not None for row in rows):  # runs that counted page faults (stop 34)
         columns += ["faulted", "faulted_median"]
+    if any(row["fresh_rows"] is not None for row in rows):  # and the rows of fresh memory (stop 45)
+        columns += ["fresh_rows", "faulted_rows"]
     return pd.DataFrame(rows, columns=columns)
 
 
