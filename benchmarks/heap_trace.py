@@ -49,7 +49,7 @@ def relaunch() -> None:
 @dataclass
 class Followed:
     """What `sim.heap` did in one run, by work item (keyed by the calls done before it)."""
-    heaps: dict = field(default_factory=dict)  # the heap after each item
+    heaps: dict = field(default_factory=dict)  # the heap the run starts from (0), and after each item
     settles: dict = field(default_factory=dict)  # each item's settles: lists of (allocate?, rows)
     start: int = 0  # calls done before the item running now
 
@@ -79,7 +79,7 @@ def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int], list[Followed]]
 
     def marked(self, trace, policy, on_call=None):
         mark(-1000 - len(served))  # a run starts: -1000, -1001, ... (warm-up, probes, the run)
-        followed.append(Followed())
+        followed.append(Followed({0: self.heap.copy()}))  # the heap the run starts from
         out = plain(self, trace, policy, item_done)
         served.append(out.log.call_count)
         mark(-2000)
@@ -87,7 +87,7 @@ def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int], list[Followed]]
 
     def marked_bg(lm, trace, setting, heap=None, on_call=None):
         mark(-1000 - len(served))
-        followed.append(Followed())
+        followed.append(Followed({0: heap.copy() if heap is not None else Heap()}))
         out = plain_bg(lm, trace, setting, heap, lambda state, gen: item_done(state))
         served.append(out[0].log.call_count)
         mark(-2000)
@@ -237,10 +237,7 @@ def main() -> None:
     if len(sys.argv) == 4:
         # the item that holds the call (a run's path can differ from the report's: its calls too)
         mine = followed[timed]
-        before = max((n for n in mine.heaps if n <= int(sys.argv[3])), default=None)
-        if before is None:
-            sys.exit(print(f"call {sys.argv[3]}: in the timed run's first work item, which nothing precedes",
-                           file=sys.stderr) or 2)
+        before = max(n for n in mine.heaps if n <= int(sys.argv[3]))
         unit, trace_file = row / GROUPS, Path(os.environ["MTRACE_OUT"])  # sim.heap's unit: a token-row of one group
         show_free(f"before call {before}, the process", *real_free(trace_file, timed, before))
         heap = mine.heaps[before]
