@@ -25,6 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -100,23 +101,32 @@ def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int], list[Followed]]
     return worker.run_spec(spec)["log"], served, followed
 
 
+def trace_lines(trace_file: Path) -> Iterator[tuple[str, int, int, int]]:
+    """The shim's lines, parsed: ("M", k, 0, 0) for a marker (k signed), else ("A" or "F", bytes,
+    address, the heap's top) for a block of the heap (one glibc mapped on its own, above 32 MiB,
+    is skipped: it is not the heap)."""
+    for line in trace_file.read_text().splitlines():
+        op, a, b, c = (line.split() + ["0", "0"])[:4]
+        if op == "M":
+            yield op, int(a) - (1 << 64) if int(a) >= 1 << 63 else int(a), 0, 0
+        elif int(b, 16) < int(c, 16):
+            yield op, int(a), int(b, 16), int(c, 16)
+
+
 def item_blocks(trace_file: Path, run_index: int, start: int) -> list[tuple[str, int]]:
     """(A or F, bytes) of each heap block the item of run `run_index` that starts at call
     `start` allocated or freed, in order."""
     out, inside, now = [], False, None
-    for line in trace_file.read_text().splitlines():
-        op, a, b, c = (line.split() + ["0", "0"])[:4]
+    for op, a, _, _ in trace_lines(trace_file):
         if op == "M":
-            k = int(a) - (1 << 64) if int(a) >= 1 << 63 else int(a)
-            if k == -1000 - run_index:
+            if a == -1000 - run_index:
                 inside, now = True, 0
-            elif inside and k == -2000:
+            elif inside and a == -2000:
                 break
             elif inside:
-                now = k
-            continue
-        if inside and now == start and int(b, 16) < int(c, 16):
-            out.append((op, int(a)))
+                now = a
+        elif inside and now == start:
+            out.append((op, a))
     return out
 
 
@@ -135,19 +145,15 @@ def real_free(trace_file: Path, run_index: int, before: int) -> tuple[list[int],
     """(free pieces between live blocks, bytes, from the first block the runs allocated up; the
     top chunk) just before the item of run `run_index` that starts at call `before`."""
     live, runs_began, first, inside, top = {}, False, None, False, 0
-    for line in trace_file.read_text().splitlines():
-        op, a, b, c = (line.split() + ["0", "0"])[:4]
+    for op, size, at, now in trace_lines(trace_file):
         if op == "M":
-            k = int(a) - (1 << 64) if int(a) >= 1 << 63 else int(a)
-            runs_began = runs_began or -2000 < k <= -1000
-            if k == -1000 - run_index:
+            runs_began = runs_began or -2000 < size <= -1000
+            if size == -1000 - run_index:
                 inside = True
-            elif inside and k == before:
+            elif inside and size == before:
                 break
             continue
-        size, at, top = int(a), int(b, 16), int(c, 16)
-        if not at < top:
-            continue
+        top = now
         if op == "A":
             live[at] = size
             first = at if runs_began and (first is None or at < first) else first
@@ -174,22 +180,16 @@ def growth_by_item(trace_file: Path, run_index: int) -> list[tuple[int, int, int
     """(first call, end call, bytes the heap's high-water mark grew by) of each work item of run
     `run_index`: the shim's markers give the calls each item ended with."""
     high, inside, items, start, grew = 0, False, [], 0, 0
-    for line in trace_file.read_text().splitlines():
-        op, a, b, c = (line.split() + ["0", "0"])[:4]
+    for op, size, at, _ in trace_lines(trace_file):
         if op == "M":
-            k = int(a) - (1 << 64) if int(a) >= 1 << 63 else int(a)
-            if k == -1000 - run_index:
+            if size == -1000 - run_index:
                 inside, start, grew = True, 0, 0
-            elif inside and k == -2000:
+            elif inside and size == -2000:
                 break
             elif inside:
-                items.append((start, k, grew))
-                start, grew = k, 0
-            continue
-        size, at, top = int(a), int(b, 16), int(c, 16)
-        if not at < top:  # a block glibc mapped on its own (above 32 MiB): not the heap
-            continue
-        if op == "A" and at + size > high:
+                items.append((start, size, grew))
+                start, grew = size, 0
+        elif op == "A" and at + size > high:
             if inside and high:
                 grew += at + size - max(high, at)
             high = at + size
