@@ -26,7 +26,7 @@ from calibrate.executor import prompt_tokens
 from calibrate.replay import relogged
 from calibrate.speed_probe import memory_speed, page_price, probe_engine, probe_speed, reference_probes, timed_speed
 from calibrate.confirm_runs import RunsFolder, finished_run, model_spec, runs_manifest
-from calibrate.worker import RunFailed, run_fresh, warmup_trace
+from calibrate.worker import RunFailed, run_fresh, warmup_of, warmup_trace
 from sim.costmodel import CostModel, check_profile_matches, cost_model
 from sim.errors import UserError
 from sim.files import atomic_write_json, check_output, jsonable
@@ -114,7 +114,7 @@ def gate(prof: dict, trace: Trace, settings: list[dict], engine: str = "pdsim") 
 
 
 def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup: int, cooldown: float,
-             runs_dir: Path, engine: str = "pdsim") -> list[dict]:
+             runs_dir: Path, engine: str = "pdsim", warmup_with: str = "short") -> list[dict]:
     """Every (setting, repeat) in its own process, alternating order; returns the runs in run order.
     A run finished before an interrupt is reused: its file says it measured this trace and setting
     (`RunsFolder` has already proven the folder holds runs of this work)."""
@@ -134,7 +134,7 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
         data = finished_run(out, s, sha)
         if data is None:
             spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup,
-                    "engine": engine, "cost": prof["cost"],  # the prices an auto:MS budget decides by
+                    "warmup_with": warmup_with, "engine": engine, "cost": prof["cost"],  # the prices an auto:MS budget decides by
                     "probe": probe_engine(prof, engine),  # the machine's speed, where the profile prices it
                     "kv_capacity": device_kv_tokens(prof)}  # the device's KV limit, the simulator's
             try:
@@ -156,7 +156,7 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
 
 
 def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], stall_ms: float = 100.0,
-            replicas: int = REPLICAS) -> list[dict]:
+            replicas: int = REPLICAS, warmup: int = 1, warmup_with: str = "short") -> list[dict]:
     """Predicted (simulator; with the profile's call noise, the median and range over `replicas`
     replays, `sim.predict`) against measured (median, min, max over repeats), per setting and
     metric; and per call kind (and size bucket), predicted/measured over the setting's runs; and
@@ -167,14 +167,16 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
     machine's speed around them (prefill and decode apart, each the median over runs,
     `probed_speed`), moved part of the way (`sim.speed.PROBE_WEIGHT`: `predicted_at`), and the
     one at the calibration's speed is kept beside it (`at_calibration_speed`): how much of a miss
-    the machine's drift made."""
+    the machine's drift made. `warmup`, `warmup_with`: what each run's process served untimed
+    first (`calibrate.worker.warmup_of`); the prediction serves it too."""
     cost, noise = cost_model(prof), CallNoise.from_json(prof.get("fit", {}).get("noise"))
     reference, results = reference_probes(prof), []
     page = page_price(runs, prof.get("fit", {}).get("page_fault_s"))
     for s in settings:
         label = setting_label(s)
         # the worker served a warm-up first, in the same process: predict that process
-        warm, policy = warmup_trace(trace), partial(policies.make, **s, cost=cost)  # a fresh policy per replay
+        warm = warmup_of(trace, warmup_with) if warmup else None
+        policy = partial(policies.make, **s, cost=cost)  # a fresh policy per replay
         mine = [r for r in runs if r["label"] == label]
         probes = [probed_speed(r, cost, reference) for r in mine]
         known = [p for p in probes if p]
@@ -186,7 +188,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         predicted, spread = metrics_of(predictions, noisy, stall_ms)
         at_calibration = metrics_of(*replays(trace, policy, cost, noise, replicas, warm), stall_ms)[0] \
             if known else predicted
-        logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes) for r in mine]
+        logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes, warmup_with if warmup else None) for r in mine]
         typical = replays(trace, policy, cost, None, 0, warm, speed)[0][0] if noisy else predictions[0]
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
@@ -292,25 +294,25 @@ def relative_error(predicted: float, measured: float) -> float:
 
 def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: int = 4, warmup: int = 1,
             cooldown: float = 0.0, force: bool = False, stall_ms: float = 100.0, engine: str = "pdsim",
-            any_mlx_lm: bool = False, replicas: int = REPLICAS) -> dict:
+            any_mlx_lm: bool = False, replicas: int = REPLICAS, warmup_with: str = "trace") -> dict:
     host = host_info()
     for w in check_inputs(prof, trace, out, host, force, settings, engine, any_mlx_lm):
         print(f"warning: {w}")
     runs_dir = out.with_name(out.name + ".runs")
-    manifest = runs_manifest(prof, trace, settings, repeats, warmup, cooldown) | {"engine": engine}
+    manifest = runs_manifest(prof, trace, settings, repeats, warmup, cooldown, warmup_with) | {"engine": engine}
     with RunsFolder(runs_dir, manifest):  # before any work
         return _confirm(prof, trace, settings, out, repeats, warmup, cooldown, stall_ms, host, runs_dir, engine,
-                        replicas)
+                        replicas, warmup_with)
 
 
 def _confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: int, warmup: int, cooldown: float,
-             stall_ms: float, host: dict, runs_dir: Path, engine: str, replicas: int) -> dict:
+             stall_ms: float, host: dict, runs_dir: Path, engine: str, replicas: int, warmup_with: str) -> dict:
     t0 = time.perf_counter()
     g = gate(prof, trace, settings, engine)
     if not g["ok"]:
         raise UserError(f"correctness gate failed: {json.dumps(g)}")
-    runs = run_all(prof, trace, settings, repeats, warmup, cooldown, runs_dir, engine)
-    results = compare(prof, trace, settings, runs, stall_ms, replicas)
+    runs = run_all(prof, trace, settings, repeats, warmup, cooldown, runs_dir, engine, warmup_with)
+    results = compare(prof, trace, settings, runs, stall_ms, replicas, warmup, warmup_with)
     first = {}
     for r in runs:  # every run of every setting must produce the same greedy tokens
         first.setdefault("outputs", r["outputs"])
@@ -325,7 +327,8 @@ def _confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats:
         "trace": trace.to_dict(),
         "host": host,
         "settings": settings,
-        "protocol": {"repeats": repeats, "warmup": warmup, "cooldown_s": cooldown, "fresh_process": True,
+        "protocol": {"repeats": repeats, "warmup": warmup, "warmup_with": warmup_with, "cooldown_s": cooldown,
+                     "fresh_process": True,
                      "order": [[r["repeat"], r["label"]] for r in runs]},
         "gate": g,
         "results": results,
@@ -395,7 +398,9 @@ def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source
     try:
         runs = [dict(r, label=setting_label(r["setting"])) for r in report["runs"]]  # labels by today's rules
         settings = [setting(s) for s in report["settings"]]
-        results = compare(prof, trace, settings, runs, stall_ms, replicas)
+        protocol = report.get("protocol") or {}  # reports before `warmup_with` warmed up short
+        results = compare(prof, trace, settings, runs, stall_ms, replicas, protocol.get("warmup", 1),
+                          protocol.get("warmup_with", "short"))
     except (KeyError, TypeError, ValueError, IndexError, EngineError) as e:  # a damaged run in a well-formed report
         raise UserError(f"{where}: its runs cannot be replayed ({type(e).__name__}: {e})") from None
     new = dict(report, profile=profile_summary(prof), prediction=prediction_summary(prof, replicas),

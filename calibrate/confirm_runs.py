@@ -30,11 +30,12 @@ def model_spec(prof: dict) -> dict:
 RUNS_MANIFEST = "what.json"  # in `<report>.runs/`: the work its runs measure
 
 
-def runs_manifest(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup: int, cooldown: float) -> dict:
+def runs_manifest(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup: int, cooldown: float,
+                  warmup_with: str = "trace") -> dict:
     """What a confirm's runs measure: a resume must be of this same work, or nothing is reused."""
     return {"pdsim_confirm_runs": 1, "trace_sha256": trace.sha256(), "settings": settings, "model": model_spec(prof),
             "profile_sha256": profile_digest(prof),
-            "protocol": {"repeats": repeats, "warmup": warmup, "cooldown_s": cooldown}}
+            "protocol": {"repeats": repeats, "warmup": warmup, "warmup_with": warmup_with, "cooldown_s": cooldown}}
 
 
 def profile_digest(prof: dict) -> str:

@@ -19,13 +19,13 @@ from typing import Iterator
 from tqdm import tqdm
 
 import policies
-from calibrate.worker import RunFailed, run_fresh, warmup_trace
+from calibrate.worker import RunFailed, run_fresh, warmup_of
 from sim.errors import UserError
 from sim.costmodel import LinearCostModel
 from sim.kvcache import STEP
 from sim.log import Call, EventLog
 from sim.replay import warmed
-from sim.relog import relog
+from sim.relog import relog, served
 from sim.residuals import call_kind, size_bucket
 from traces.generators import fixed, poisson
 from traces.trace import Trace
@@ -131,14 +131,21 @@ def between_calls_share(logs: list[EventLog]) -> float:
     return between / (between + inside) if inside else 0.0
 
 
-def relogged(trace: Trace, log: dict, setting: dict, policy_cost=None, kv_bytes: int | None = None) -> EventLog:
+def relogged(trace: Trace, log: dict, setting: dict, policy_cost=None, kv_bytes: int | None = None,
+             warmup_with: str | None = "short") -> EventLog:
     """A worker run's log (`calibrate.worker`: a warm-up, then `trace` under `setting`) with what
     the state machine derives from its calls (KV buffers written, fresh memory beyond what the
     warm-up left) recomputed by today's rules, at the measured times. `policy_cost`:
     the cost model the run's policy priced its chunks with (an `auto:MS` budget), so the warm-up
     replayed here makes the run's decisions; `kv_bytes`: the model's bytes per KV token, for a
-    setting's KV limit in GB (`sim.memory`)."""
-    # shapes only: the warm-up's requests arrive at t=0
+    setting's KV limit in GB (`sim.memory`); `warmup_with`: what the warm-up served
+    (`calibrate.worker.warmup_of`; None: no warm-up). A warm-up's own calls are not logged: the
+    short one is replayed (its requests arrive at t=0, so any times give its path), the trace is
+    taken to have gone the run's own path (`sim.relog.served`)."""
+    run = EventLog.from_dict(log)
+    if warmup_with == "trace":
+        return relog(trace, run, served(trace, run))
     cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0), kv_bytes=kv_bytes)
-    heap = warmed(warmup_trace(trace), policies.make(**setting, cost=policy_cost or cost), cost)
-    return relog(trace, EventLog.from_dict(log), heap)
+    heap = None if warmup_with is None else \
+        warmed(warmup_of(trace, warmup_with), policies.make(**setting, cost=policy_cost or cost), cost)
+    return relog(trace, run, heap)

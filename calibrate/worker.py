@@ -33,6 +33,18 @@ def warmup_trace(trace: Trace, n: int = 2, outputs: int = 4, prompt: int = 64) -
     return Trace(reqs, {"source": "warmup"})
 
 
+WARMUPS = ("trace", "short")  # what a warm-up pass serves: the trace itself, or its start cut short
+
+
+def warmup_of(trace: Trace, kind: str = "short") -> Trace:
+    """What a run's warm-up serves (`WARMUPS`). "trace": the trace itself, so the timed run finds
+    the process as a server already serving this traffic leaves it (its heap grown to what this
+    traffic needs: `sim.heap`); "short": `warmup_trace`, a process that has just started."""
+    if kind not in WARMUPS:
+        raise ValueError(f"unknown warm-up {kind!r}; known: {', '.join(WARMUPS)}")
+    return trace if kind == "trace" else warmup_trace(trace)
+
+
 def run_spec(spec: dict) -> dict:
     """The spec's run: `engine` "pdsim" (the default: pdsim's executor runs the setting's policy)
     or "mlx-lm" (the installed BatchGenerator itself, `calibrate.batchgen`), after the warm-ups."""
@@ -47,14 +59,15 @@ def run_spec(spec: dict) -> dict:
     policy = policies.make(**spec["setting"], cost=cost)
     probe.run()  # before the warm-up: the run finds the heap as the warm-up left it (`sim.heap`)
     for _ in range(spec.get("warmup", 1)):
-        engine.run(warmup_trace(trace), policy)
+        engine.run(warmup_of(trace, spec.get("warmup_with", "short")), policy)
     t0 = time.perf_counter()
     run = engine.run(trace, policy)
     wall = time.perf_counter() - t0
     probe.run()
     return {"log": run.log.to_dict(), "outputs": run.outputs, "idle_s": run.idle_s,
             "wall_s": wall, "host": host_info(), "setting": spec["setting"], "probe": probe.result(),
-            "trace_sha256": trace.sha256(), "warmup": spec.get("warmup", 1)}  # what was measured, to resume by
+            "trace_sha256": trace.sha256(), "warmup": spec.get("warmup", 1),
+            "warmup_with": spec.get("warmup_with", "short")}  # what was measured, to resume by
 
 
 def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
@@ -63,7 +76,8 @@ def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
     heap, checks, probe = None, [], Probe(lm, spec.get("probe"))
     probe.run()  # before the warm-up, as pdsim's
     for _ in range(spec.get("warmup", 1)):  # the warm-ups' calls are checked too, not kept (as pdsim's)
-        _, check, heap = run_batch_generator(lm, warmup_trace(trace), spec["setting"], heap)
+        _, check, heap = run_batch_generator(lm, warmup_of(trace, spec.get("warmup_with", "short")),
+                                             spec["setting"], heap)
         checks.append(check)
     t0 = time.perf_counter()
     run, check, _ = run_batch_generator(lm, trace, spec["setting"], heap)

@@ -18,6 +18,22 @@ def relog(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryM
     mlx-lm's calls are rebuilt as the work they were (`work_of`), their prompt-batch joins inferred.
     The measured peak memory and page faults are kept; with `memory`, the log's peak is that
     model's prediction for these very calls instead."""
+    state = replayed(trace, log, heap, memory)
+    if memory is None:
+        state.log.peak_memory = log.peak_memory
+    if log.faults is not None and len(log.faults) == state.log.call_count:  # measured, call for call
+        state.log.faults, state.log.fault_bytes = list(log.faults), log.fault_bytes
+    return state.log
+
+
+def served(trace: Trace, log: EventLog, heap: Heap | None = None) -> Heap:
+    """The process's heap after it made this log's calls, every cache dropped: what a warm-up that
+    served the same trace left, where it took the path the log took."""
+    return replayed(trace, log, heap).kv.released()
+
+
+def replayed(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryModel | None = None) -> EngineState:
+    """The state machine after the log's calls, at their measured times (`relog`)."""
     state, sync = EngineState(trace, heap, memory=memory), None
     order = {r.id: i for i, r in enumerate(trace.requests)}
     prompting: dict[int, list[str]] = {}  # iteration -> the rows of its first forward and prompt calls
@@ -42,11 +58,7 @@ def relog(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryM
                 state.apply(JoinPrompt(tuple(joining)), start, start)
         state.apply(work_of(c), start, c.end, synced)
         sync = None
-    if memory is None:
-        state.log.peak_memory = log.peak_memory
-    if log.faults is not None and len(log.faults) == state.log.call_count:  # measured, call for call
-        state.log.faults, state.log.fault_bytes = list(log.faults), log.fault_bytes
-    return state.log
+    return state
 
 
 def work_of(c: Call) -> Work:

@@ -106,10 +106,24 @@ def test_confirm_end_to_end(profile, tmp_path):
     one = json.loads(typical.read_text())
     assert one["prediction"]["replicas"] == 0 and all(not r["predicted_range"] for r in one["results"])
     trace = Trace.from_dicts(rep["trace"]["requests"], rep["trace"]["meta"])
+    # each process served the trace itself untimed first (the default warm-up), and so does each replay
+    assert rep["protocol"]["warmup"] == 1 and rep["protocol"]["warmup_with"] == "trace"
+    run_file = out.with_name(out.name + ".runs") / "r0-chunked_b8_bs2.json"
+    assert json.loads(run_file.read_text())["warmup_with"] == "trace"
     for res in one["results"]:
         plain = score(simulate(trace, policies.make(**res["setting"]), cost_model(load_profile(profile)),
-                               warmup=warmup_trace(trace)))
+                               warmup=trace))
         assert res["at_calibration_speed"]["predicted"] == {k: plain[k] for k in res["predicted"]}
+    # a report from before `--warmup-with` measured processes warmed up short, and is rescored so
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(dict(rep, protocol={k: v for k, v in rep["protocol"].items() if k != "warmup_with"})))
+    code, _, err = pdsim("confirm", "--profile", str(profile), "--rescore", str(old), "--replicas", "0",
+                         "-o", str(tmp_path / "old-rescored.json"))
+    assert code == 0, err
+    for res in json.loads((tmp_path / "old-rescored.json").read_text())["results"]:
+        short = score(simulate(trace, policies.make(**res["setting"]), cost_model(load_profile(profile)),
+                               warmup=warmup_trace(trace)))
+        assert res["at_calibration_speed"]["predicted"] == {k: short[k] for k in res["predicted"]}
     # each run was probed before and after (calibrate.speed_probe); the prediction is made at their speed
     for res in rep["results"]:
         runs = [r for r in rep["runs"] if r["label"] == res["label"]]
@@ -170,6 +184,8 @@ def test_a_resumed_confirm_must_be_of_the_same_work(profile, tmp_path):
     code, _, err = pdsim(*other)
     assert code == 2 and "other work" in err and "trace" in err and err.count("\n") == 1, err
     code, _, err = pdsim(*args[:-2], "--repeats", "2", "-o", str(out))  # another protocol
+    assert code == 2 and "protocol" in err, err
+    code, _, err = pdsim(*args[:-2], "--warmup-with", "short", "-o", str(out))  # another warm-up
     assert code == 2 and "protocol" in err, err
     code, _, err = pdsim(*args)
     assert code == 0, err

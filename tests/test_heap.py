@@ -13,12 +13,12 @@ import pytest
 
 import policies
 import sim.heap
-from calibrate.worker import warmup_trace
+from calibrate.worker import warmup_of, warmup_trace
 from sim.costmodel import LinearCostModel
 from sim.heap import Heap
 from sim.kvcache import KVBuffers
 from sim.replay import simulate
-from traces.generators import metile_ab
+from traces.generators import gamma, metile_ab, tinyllm
 
 COST = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-6, 0.0))
 
@@ -113,6 +113,33 @@ def test_metile_b_grows_into_a_freed_cache_under_fifo_and_into_fresh_memory_unde
     chunked = growths({"policy": "chunked", "budget": 16, "order": "decode-first", "decode": "single"})
     assert [(r, w) for r, w, _ in chunked] == [("A", 512), ("B", 512)]
     assert chunked[1][2] > 0
+
+
+@pytest.mark.parametrize("setting", [{"policy": "fifo"}, {"policy": "eager", "batch_size": 4},
+                                     {"policy": "chunked", "budget": 16, "batch_size": 4},
+                                     {"policy": "mlx-lm", "prefill_step": 32, "prompt_concurrency": 2,
+                                      "decode_concurrency": 4}])
+def test_a_process_that_served_the_trace_faults_nothing_serving_it_again(setting):
+    """A confirm's default warm-up is the trace itself (`calibrate.worker.warmup_of`): the timed run
+    then finds a heap that already held everything this traffic needs, as a server's does once it
+    has served it, and no call grows it. Every request arrives at once, so no call's time (a fresh
+    row's price in the warm-up) can change the path; after the short warm-up the same run faults."""
+    trace = tinyllm(6, 20, 200, 4, 12, seed=3)
+    fresh = {kind: sum(c.fresh for c in simulate(trace, policies.make(**setting), COST,
+                                                 warmup=warmup_of(trace, kind)).calls)
+             for kind in ("short", "trace")}
+    assert fresh["trace"] == 0 and fresh["short"] > 0
+
+
+def test_arrivals_spread_over_time_fault_little_after_the_trace_warm_up():
+    """With arrivals in time, the warm-up's calls (fresh rows priced) can interleave arrivals
+    otherwise than the timed run's; what that path fault in is still a small part of a cold run's."""
+    trace = gamma(12, 1.5, 1 / 3, 9, 333, 3, 21, seed=5)
+    for setting in ({"policy": "chunked", "budget": 32, "batch_size": 4}, {"policy": "eager", "batch_size": 4}):
+        cold, warm = (sum(c.fresh for c in simulate(trace, policies.make(**setting), COST,
+                                                    warmup=warmup_of(trace, kind)).calls)
+                      for kind in ("short", "trace"))
+        assert cold > 0 and warm <= cold / 10
 
 
 CALLS = [[40], [60, -40], [40], [120, -60, -40], [40, 100, -40, -120], [200, -100], [30, 250, -30, -200]]

@@ -8,9 +8,10 @@ import pytest
 
 from calibrate.grid import MLX_TINY
 from calibrate.mlxlm_calibration import calibrate_mlx_lm
+from calibrate.replay import relogged
 from sim.costmodel import cost_model, load_profile
-from sim.log import EventLog
 from sim.residuals import residual_table
+from traces.trace import Trace
 
 
 def pdsim(*args):
@@ -89,9 +90,12 @@ def test_confirm_on_batch_generator(profile, tmp_path):
         assert len(speeds) == 2 and all(0.2 < s[k] < 5 for s in speeds for k in ("prefill", "decode"))
         assert all(s["method"] == "priced" and 0.2 < s["timed"]["decode"] < 5 for s in speeds)  # on BatchGenerator
     cost = cost_model(load_profile(profile))
+    trace = Trace.from_dicts(rep["trace"]["requests"], rep["trace"]["meta"])
     for res in rep["results"]:
         assert set(res["measured"]) >= {"decode_gap_p50_ms", "p50_ttft_ms", "output_throughput", "makespan_s"}
-        logs = [EventLog.from_dict(r["log"]) for r in rep["runs"] if r["label"] == res["label"]]
+        # each run's calls after a warm-up that served the trace itself, as the run went (`relogged`)
+        logs = [relogged(trace, r["log"], r["setting"], cost, cost.kv_bytes, "trace")
+                for r in rep["runs"] if r["label"] == res["label"]]
         assert res["calls_by_kind"] == residual_table(logs, cost, by_size=False)
         assert {c["kind"] for c in res["calls_by_kind"]} >= {"prompt", "first"}
     # pdsim's policies do not run on BatchGenerator

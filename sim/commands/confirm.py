@@ -29,6 +29,10 @@ def add_parser(sub) -> None:
     add_policy_args(p, many=True)
     p.add_argument("--repeats", type=whole(1, 1000), default=4, help="fresh-process runs per setting (default 4)")
     p.add_argument("--warmup", type=whole(0, 100), default=1, help="warm-up passes inside each process (default 1)")
+    p.add_argument("--warmup-with", choices=["trace", "short"], default="trace",
+                   help="what a warm-up pass serves: trace (default) the trace itself, so the timed run finds "
+                        "the process as serving this traffic leaves it, its memory grown; short: the first two "
+                        "requests cut short, a process that has just started (its first growths fault memory in)")
     p.add_argument("--cooldown", type=finite_float(0.0, strict=False), default=0.0,
                    help="seconds to rest between runs (default 0)")
     p.add_argument("--stall-ms", type=positive_float, default=100.0)
@@ -54,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         report = confirm(prof, trace_from_args(args), settings_from_args(args), Path(args.out), args.repeats,
                          args.warmup, args.cooldown, args.force, args.stall_ms, args.engine, args.any_mlx_lm,
-                         args.replicas)
+                         args.replicas, args.warmup_with)
     return print_report(report, args.out, args.tolerance)
 
 
@@ -69,6 +73,11 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
               f"call by call, in every run: {report['gate']['policy_calls_identical']} ({report['engine']['timing']})")
     if "prediction" in report:  # reports before call noise predicted with one replay
         print(f"prediction: {report['prediction']['how']}")
+    passes = report["protocol"].get("warmup", 1)
+    warm = {"trace": "the trace itself", "short": "its first two requests cut short"}[
+        report["protocol"].get("warmup_with", "short")]  # reports before --warmup-with warmed up short
+    print(f"warm-up: each process served {warm} untimed before its timed run ({passes}x), and so does the "
+          f"prediction" if passes else "warm-up: none (--warmup 0)")
     worst = 0.0
     for res in report["results"]:
         rows = []
