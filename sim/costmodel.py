@@ -37,7 +37,8 @@ PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
                "a single decode (own cache): dense(1) + lone*context; dense(batch) = a + b*batch or the measured "
                "curve; plus copy*written (gather*written in a sync where requests only leave, grow*written in a "
-               "decode's own growth, grow_single*written and no fresh price in a single decode's) and fresh*fresh "
+               "decode's own growth, grow_single*written and no fresh price in a single decode's, less its faults "
+               "where it meets no fresh memory) and fresh*fresh "
                "rows (fresh_step*fresh in a step's own growth), and join (leave) when requests join (leave) the "
                "batch cache")
 MLX_PROMPT_FORM = ("dense(rows*L) + c*rows*L*(idx + L) + d*rows*idx, L the longest chunk, idx the batch "
@@ -117,9 +118,14 @@ def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, s
     the batch cache's growths cost 50-300. What it costs is its page faults (since stop 36 the fit
     prices them at the dear page: `calibrate.fit.fit_grow_single`). Stop 40 tried charging them to
     fresh rows only (by the pooled heap of then): meTile's first growth, which the heap saw as all fresh,
-    then priced 512 ms where it ran 278, and fifo's max ITL went from +56% to +83%."""
+    then priced 512 ms where it ran 278, and fifo's max ITL went from +56% to +83%. So a growth that
+    meets any fresh memory pays the faults on every row; one that meets none (the heap already held
+    it: after a warm-up that served the trace) pays the row's copy alone, `grow_single` less its
+    faults: stop 46's confirm runs' growths in held memory faulted nothing and ran 440-500 ms where
+    the faults priced them at 595 (meTile's max ITL +24%, max gap +32%)."""
     if grow and single and cost.grow_single is not None:
-        return cost.grow_single * written
+        faults = getattr(cost, "grow_single_faults", None)
+        return (cost.grow_single if fresh or faults is None else cost.grow_single - faults) * written
     per_row = cost.gather if gather and cost.gather is not None else cost.copy
     if grow and cost.grow is not None:
         per_row = cost.grow

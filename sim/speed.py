@@ -99,6 +99,11 @@ class AtSpeed:
     def grow_single(self) -> float | None:
         return self._faulted(self.cost.grow_single, self.cost.grow_single_faults)
 
+    @property
+    def grow_single_faults(self) -> float | None:
+        """`grow_single`'s faults at the page's price (what a growth in held memory does not pay)."""
+        return _at(self.cost.grow_single_faults, 1 / self.speed.page)
+
     def _faulted(self, price: float | None, faults: float | None) -> float | None:
         """A price whose `faults` part moves with the page's price, the rest with the decode's."""
         if price is None or faults is None:

@@ -216,7 +216,7 @@ def test_a_steps_own_growth_has_its_own_prices():
     assert not {"fresh_step", "grow"} & set(fit_profile(pre + dec + syncs)["cost"])
 
 
-def test_a_single_decodes_own_growth_has_one_price_fresh_or_not():
+def test_a_single_decodes_own_growth_has_one_price_fresh_or_not_without_fault_counts():
     """A single decode whose own cache grows (meTile's loop) writes its rows at `grow_single`, the
     median of such decodes' cost beyond their price, fresh memory or not; the batch cache's
     growths keep `grow` and `fresh_step`. Without such decodes a profile has no such price."""
@@ -257,6 +257,18 @@ def test_a_single_growth_that_counted_its_faults_is_priced_at_the_dear_page():
     assert fit["cost"]["grow_single"] == pytest.approx(9e-5 + rows * page, rel=0.05)
     assert fit["cost"]["grow_single_faults"] == pytest.approx(rows * page)  # the part a confirm reprices
     assert fit["fit"]["page_fault_s"] == page
+    # a growth that meets fresh memory pays the faults on every row; one in memory the heap already
+    # held (`sim.heap`: after a warm-up that served the trace) pays the row's copy alone
+    model = cost_model({"cost": fit["cost"]})
+    assert price(model, "decode", 1, 0, [257], False, 0, 0, 512, 1) == pytest.approx(
+        lone + fit["cost"]["grow_single"] * 512, rel=0.02)
+    assert price(model, "decode", 1, 0, [257], False, 0, 0, 512, 0) == pytest.approx(lone + 9e-5 * 512, rel=0.05)
+    slow = MachineSpeed(1.0, 0.5, 3.0).of(model)  # decodes at half speed, faults at three times the price
+    grown, held = (price(slow, "decode", 1, 0, [257], False, 0, 0, 512, f) - price(slow, "decode", 1, 0, [257], False,
+                                                                                   0, 0, 0, 0) for f in (1, 0))
+    faults = fit["cost"]["grow_single_faults"] * 512
+    assert held == pytest.approx((fit["cost"]["grow_single"] * 512 - faults) / 0.5, rel=1e-9)
+    assert grown == pytest.approx(held + 3.0 * faults, rel=1e-9)
     cheap = (alone[0]["seconds"] - lone) / 512
     assert fit_profile(pre + dec + grows + warm + alone + syncs)["cost"]["grow_single"] < 0.5 * fit["cost"]["grow_single"]
     no_counts = [{k: v for k, v in s.items() if k != "faults"} for s in alone]
