@@ -16,6 +16,7 @@ from calibrate.memory_fit import fit_memory, model_config
 from calibrate.profiler import merge, run_grid, typical_time
 from calibrate.speed_probe import PREFILLS, dear_page_seconds, reference_probes, timed_speed
 from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
+from calibrate.worker import warmed_with
 from sim.costmodel import cost_model, load_profile
 from sim.log import EventLog
 from sim.speed import MachineSpeed
@@ -213,7 +214,7 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
                                     reference)  # the run's probes against the calibration's (none: as timed)
     added = [s for d, r, trace in zip(docs, reports, traces) for run in d["runs"]
              for s in brought_back(samples_from_log(relogged(trace, run["log"], run["setting"], cost,
-                                                             profile_kv_bytes(prof), warmed_with(d)),
+                                                             profile_kv_bytes(prof), warmed_with(d)[1]),
                                                     f"run:{r.name}:{run['label']}:r{run['repeat']}"), speed(run))]
     prof.pop("_path")
     prof["samples"] = prof["samples"] + added
@@ -222,12 +223,6 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
     atomic_write_json(out, prof, overwrite=overwrite)
     prof["_path"] = str(out)
     return prof, before
-
-
-def warmed_with(report: dict) -> str:
-    """What a confirm report's processes served before each timed run (`calibrate.worker.warmup_of`):
-    reports from before `--warmup-with` warmed up short."""
-    return (report.get("protocol") or {}).get("warmup_with", "short")
 
 
 def engine_samples(runs: list[dict]) -> list[dict]:

@@ -26,7 +26,7 @@ from calibrate.executor import prompt_tokens
 from calibrate.replay import relogged
 from calibrate.speed_probe import memory_speed, page_price, probe_engine, probe_speed, reference_probes, timed_speed
 from calibrate.confirm_runs import RunsFolder, finished_run, model_spec, runs_manifest
-from calibrate.worker import RunFailed, run_fresh, warmup_of, warmup_trace
+from calibrate.worker import RunFailed, run_fresh, warmed_with, warmup_of, warmup_trace
 from sim.costmodel import CostModel, check_profile_matches, cost_model
 from sim.errors import UserError
 from sim.files import atomic_write_json, check_output, jsonable
@@ -398,9 +398,7 @@ def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source
     try:
         runs = [dict(r, label=setting_label(r["setting"])) for r in report["runs"]]  # labels by today's rules
         settings = [setting(s) for s in report["settings"]]
-        protocol = report.get("protocol") or {}  # reports before `warmup_with` warmed up short
-        results = compare(prof, trace, settings, runs, stall_ms, replicas, protocol.get("warmup", 1),
-                          protocol.get("warmup_with", "short"))
+        results = compare(prof, trace, settings, runs, stall_ms, replicas, *warmed_with(report))
     except (KeyError, TypeError, ValueError, IndexError, EngineError) as e:  # a damaged run in a well-formed report
         raise UserError(f"{where}: its runs cannot be replayed ({type(e).__name__}: {e})") from None
     new = dict(report, profile=profile_summary(prof), prediction=prediction_summary(prof, replicas),

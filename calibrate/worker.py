@@ -45,6 +45,13 @@ def warmup_of(trace: Trace, kind: str = "short") -> Trace:
     return trace if kind == "trace" else warmup_trace(trace)
 
 
+def warmed_with(report: dict) -> tuple[int, str]:
+    """A confirm report's warm-up: its passes and what they served (`warmup_of`); reports from
+    before `--warmup-with` warmed up short."""
+    protocol = report.get("protocol") or {}
+    return protocol.get("warmup", 1), protocol.get("warmup_with", "short")
+
+
 def run_spec(spec: dict) -> dict:
     """The spec's run: `engine` "pdsim" (the default: pdsim's executor runs the setting's policy)
     or "mlx-lm" (the installed BatchGenerator itself, `calibrate.batchgen`), after the warm-ups."""
