@@ -24,7 +24,8 @@ from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
 from calibrate.replay import relogged
-from calibrate.speed_probe import memory_speed, page_price, probe_engine, probe_speed, reference_probes, timed_speed
+from calibrate.speed_probe import (memory_speed, page_price, positional_speed, probe_engine, probe_speed, reference_probes,
+                                   timed_speed)
 from calibrate.confirm_runs import RunsFolder, finished_run, model_spec, runs_manifest
 from calibrate.worker import RunFailed, run_fresh, warmed_with, warmup_of, warmup_trace
 from sim.costmodel import CostModel, check_profile_matches, cost_model
@@ -222,26 +223,32 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
 
 def probed_speed(run: dict, cost: CostModel, reference: list[dict] = ()) -> dict | None:
     """The machine's speed around one run, from its probes (`calibrate.speed_probe`): prefill and
-    decode over both probes, and each probe's alone (`before`, `after`); priced by the profile,
-    or where it cannot price them timed against the calibration's own probes (`reference`,
-    `speed_probe.reference_probes`; `method`). `timed`: the timed speed, beside the priced one,
-    where the profile has the same probe. `memory`: fresh memory's speed against the calibration's
+    decode over both probes, and each probe's alone (`before`, `after`). Read, in this order, by
+    the first that can: each probe timed against the calibration's probes in its own place
+    (`positional_speed`), priced by the profile (`probe_speed`), timed against all of the
+    calibration's probes (`timed_speed`); `method` says which. `priced` and `timed`: those
+    readings beside it. `memory`: fresh memory's speed against the calibration's
     (`memory_speed`; reported, not predicted at). None for a run without probes (measured before
-    them) or a profile that can do neither."""
+    them) or a profile that can do none."""
     probe = run.get("probe")
     if not probe or not probe.get("logs"):
         return None
     logs = probe_logs(probe)
-    then = [log for p in reference if p["setting"] == probe["setting"] and p["trace"] == probe["trace"]
-            for log in probe_logs(p)]
-    priced, timed = probe_speed(logs, cost), timed_speed(logs, then)
-    if priced is None and timed is None:
+    places = [probe_logs(p) for p in reference if p["setting"] == probe["setting"] and p["trace"] == probe["trace"]]
+    then = [log for ls in places for log in ls]
+    placed, priced, timed = positional_speed(logs, places), probe_speed(logs, cost), timed_speed(logs, then)
+    if placed:
+        method, before, after = "positional", timed_speed(logs[:1], [ls[0] for ls in places]), \
+            timed_speed(logs[-1:], [ls[-1] for ls in places])
+    elif priced or timed:
+        method = "priced" if priced else "timed"
+        read = (lambda ls: probe_speed(ls, cost)) if priced else (lambda ls: timed_speed(ls, then))
+        before, after = read(logs[:1]), read(logs[-1:])
+    else:
         return None
-    read = (lambda ls: probe_speed(ls, cost)) if priced else (lambda ls: timed_speed(ls, then))
-    before, after = read(logs[:1]), read(logs[-1:])
-    return {**(priced or timed).to_json(), "method": "priced" if priced else "timed", "timed": timed and timed.to_json(),
-            "before": before and before.to_json(), "after": after and after.to_json(),
-            "memory": memory_speed([probe], reference)}
+    return {**(placed or priced or timed).to_json(), "method": method, "priced": priced and priced.to_json(),
+            "timed": timed and timed.to_json(), "before": before and before.to_json(),
+            "after": after and after.to_json(), "memory": memory_speed([probe], reference)}
 
 
 def probe_logs(probe: dict) -> list[EventLog]:

@@ -10,11 +10,10 @@ The median over the probe's prefills of predicted over measured is the machine's
 then, over its decodes its decode speed (`probe_speed`; `sim.speed.MachineSpeed`: the two move
 apart, a prefill is bound by arithmetic and a decode by memory). That also scales a prediction
 by whatever the model gets wrong on the probe's own shapes, so since stop 25 a calibration serves
-the same probe before each of its engine runs and keeps it, and each report has beside the
-priced speed the timed one, the calibration's time for each call over its time now, with no
-price in it (`timed_speed`; used where the profile cannot price the probe). Measured on twelve
-confirm settings (README, stop 25) the timed speed held no better: the probe's two prefills
-moved 5-9% between calibration and confirm where the runs' calls did not. The run is predicted
+the same probe before and after each of its engine runs and keeps it. Since stop 47 the speed is
+read with no price in it: each probe's time for each call against the calibration's probes in
+the same place, before a run or after it (`positional_speed`), the reading priced by the profile
+kept beside it (and used where the calibration kept no probe after its runs). The run is predicted
 at the speed (`sim.predict.replays`), and the report keeps the prediction at the calibration's
 speed beside it. The probe is never a call of the run being scored. A profile of mlx-lm's calls
 is probed on BatchGenerator (`MLX_SETTING`: the same requests, one prompt a call), its prompt
@@ -142,6 +141,33 @@ def timed_speed(logs: list[EventLog], reference: list[EventLog]) -> MachineSpeed
     """The median over the probes' prefills, and over their decodes, of the calibration's time for
     the same call (the median over its probes, `reference_probes`) over the time now: the machine's
     speed with no cost model in it. None where the calls are not the calibration's, one for one."""
+    return _speed(_timed_ratios(logs, reference))
+
+
+def positional_speed(logs: list[EventLog], reference: list[list[EventLog]]) -> MachineSpeed | None:
+    """`timed_speed` with each probe timed against the calibration's probes in the same place: the
+    one before a run (a process that has served nothing) against those before the calibration's
+    runs, the one after against those after. None unless both sides have a probe before and after.
+
+    A process's first calls fault their memory in and its later ones reuse it, so the two places
+    run at two speeds, and the confirm's warm-up (the trace itself, since stop 46) moves the one
+    after. Over 50 runs of stop 46 (round 24's and one at a 1.6-1.9x drift), priced by the
+    profile (fitted on warm grid calls), pdsim's probe before read prefills at 0.86-1.05x where
+    the run's own calls ran 0.94-1.07x, and mlx-lm's probe after read them at 1.10-1.18x where
+    they ran 0.95-1.06x: its s512 setting missed by it. Timed place by place and moved partway
+    (`sim.speed.PROBE_WEIGHT`), the speed strayed from the run's own by a median 2.1% on
+    prefills (priced, both probes: 2.6%), at most 8% (14%), and mlx-lm's read 1.00-1.04x; on
+    decodes by 2.8% (2.4%), at most 12% (13%)."""
+    if len(logs) != 2 or not reference or any(len(r) != 2 for r in reference):
+        return None
+    ratios = [_timed_ratios([logs[i]], [r[i] for r in reference]) for i in (0, 1)]
+    if any(r is None for r in ratios):
+        return None
+    return _speed(tuple(ratios[0][k] + ratios[1][k] for k in (0, 1)))
+
+
+def _timed_ratios(logs: list[EventLog], reference: list[EventLog]) -> tuple[list[float], list[float]] | None:
+    """The calibration's time over the time now, call by call, prefills and decodes apart."""
     if not logs or not reference:
         return None
     shapes = [[shape(c) for c in log.calls] for log in reference + logs]
@@ -153,9 +179,13 @@ def timed_speed(logs: list[EventLog], reference: list[EventLog]) -> MachineSpeed
         for (kind, *_), t, c in zip(shapes[0], then, log.calls):
             if t > 0 and c.end > c.start:
                 (prefill if kind in PREFILLS else decode if kind in DECODES else []).append(t / (c.end - c.start))
-    if not prefill or not decode:
+    return prefill, decode
+
+
+def _speed(ratios: tuple[list[float], list[float]] | None) -> MachineSpeed | None:
+    if not ratios or not ratios[0] or not ratios[1]:
         return None
-    return MachineSpeed(statistics.median(prefill), statistics.median(decode))
+    return MachineSpeed(statistics.median(ratios[0]), statistics.median(ratios[1]))
 
 
 def shape(c: Call) -> tuple:

@@ -131,13 +131,14 @@ def test_confirm_end_to_end(profile, tmp_path):
         assert all(len(r["probe"]["alloc_s"]) == 2 and min(r["probe"]["alloc_s"]) > 0 for r in runs)
         assert all(0.05 < p["memory"] < 20 for p in res["machine_speed"]["runs"])  # the profile's probes allocated too
         for kind in ("prefill", "decode"):
-            assert {p["method"] for p in res["machine_speed"]["runs"]} == {"priced"}
-            assert all(0.2 < p["timed"][kind] < 5 for p in res["machine_speed"]["runs"])  # the profile has its probes
+            # each probe timed against the profile's in the same place (before a run, after it), priced beside it
+            assert {p["method"] for p in res["machine_speed"]["runs"]} == {"positional"}
+            assert all(0.2 < p["priced"][kind] < 5 for p in res["machine_speed"]["runs"])
             speeds = [p[kind] for p in res["machine_speed"]["runs"]]
             assert all(0.2 < v < 5 for v in speeds)
             assert res["machine_speed"]["median"][kind] == statistics.median(speeds)
     assert "machine speed against the calibration" in stdout and "at calib. speed" in stdout
-    assert "timed against the calibration's probes" in stdout
+    assert "each timed against the calibration's probes in the same place" in stdout and "; priced by the profile: r0" in stdout
     assert "fresh memory's speed against the calibration" in stdout
     # the report is never overwritten
     code, _, err = pdsim("confirm", "--profile", str(profile), *TRACE, "--budget", "8", "--repeats", "1",

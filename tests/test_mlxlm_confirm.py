@@ -88,7 +88,7 @@ def test_confirm_on_batch_generator(profile, tmp_path):
     for res in rep["results"]:
         speeds = res["machine_speed"]["runs"]
         assert len(speeds) == 2 and all(0.2 < s[k] < 5 for s in speeds for k in ("prefill", "decode"))
-        assert all(s["method"] == "priced" and 0.2 < s["timed"]["decode"] < 5 for s in speeds)  # on BatchGenerator
+        assert all(s["method"] == "positional" and 0.2 < s["priced"]["decode"] < 5 for s in speeds)  # on BatchGenerator
     cost = cost_model(load_profile(profile))
     trace = Trace.from_dicts(rep["trace"]["requests"], rep["trace"]["meta"])
     for res in rep["results"]:

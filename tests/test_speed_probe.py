@@ -110,12 +110,13 @@ def probes_at(cost, factor, n=2, probe_cost=1.0):
     return {"trace": probe.to_dict(), "setting": SETTING, "logs": logs}
 
 
-def test_probes_are_also_timed_against_the_calibrations_own_with_no_price_in_it():
+def test_probes_are_timed_against_the_calibrations_own_with_no_price_in_it():
     """The model prices the probe's calls 10% fast: on the machine it was calibrated on they ran
     1.1x their price. On a machine 1.25x slower the probes' times against the calibration's read
-    1/1.25, where their prices read 1/1.375. The prediction is made at the priced speed (stop 25:
-    on twelve confirm settings the timed one held no better, `calibrate.speed_probe`); the timed
-    one is kept beside it, and used where the profile cannot price the probe's calls."""
+    1/1.25, where their prices read 1/1.375. The prediction is made at the timed speed, each probe
+    against the calibration's in the same place (`positional_speed`); the priced one is kept beside
+    it, and used where the calibration kept no probe after its runs, the timed one against all of
+    them where the profile cannot price the probe's calls either."""
     prof = load_profile(BUILTIN)
     cost, trace = cost_model(prof), tinyllm(num_seqs=4, min_in=20, max_in=90, min_out=4, max_out=9, seed=3)
     setting = {"policy": "fifo"}
@@ -123,17 +124,43 @@ def test_probes_are_also_timed_against_the_calibrations_own_with_no_price_in_it(
     calibrated = dict(prof, engine_runs=[{"name": f"w{i}", "probe": probes_at(cost, 1.0, probe_cost=1.1)}
                                          for i in range(3)])
     got = probed_speed(runs[0], cost, reference_probes(calibrated))
-    assert got["method"] == "priced"
-    assert (got["prefill"], got["decode"]) == pytest.approx((1 / SLOW / 1.1, 1 / SLOW / 1.1))
+    assert got["method"] == "positional"
+    assert (got["prefill"], got["decode"]) == pytest.approx((1 / SLOW, 1 / SLOW))
+    assert got["priced"] == pytest.approx({"prefill": 1 / SLOW / 1.1, "decode": 1 / SLOW / 1.1})
     assert got["timed"] == pytest.approx({"prefill": 1 / SLOW, "decode": 1 / SLOW})
     (res,) = compare(calibrated, trace, [setting], runs, replicas=0)
-    assert [r["timed"] for r in res["machine_speed"]["runs"]] == [pytest.approx(got["timed"])] * 2
-    # predicted partway to the priced speed, price's miss included
-    assert res["rel_error"]["makespan_s"] == pytest.approx((SLOW * 1.1) ** PROBE_WEIGHT / SLOW - 1, abs=0.02)
-    assert probed_speed(runs[0], cost)["timed"] is None  # a profile from before its probes were kept
+    assert [r["priced"] for r in res["machine_speed"]["runs"]] == [pytest.approx(got["priced"])] * 2
+    # predicted partway to the timed speed: the price's miss on the probe is not the machine's
+    assert res["rel_error"]["makespan_s"] == pytest.approx(SLOW ** PROBE_WEIGHT / SLOW - 1, abs=0.02)
+    alone = probed_speed(runs[0], cost)  # a profile from before its probes were kept
+    assert alone["method"] == "priced" and alone["timed"] is None
+    assert (alone["prefill"], alone["decode"]) == pytest.approx((1 / SLOW / 1.1, 1 / SLOW / 1.1))
+    before_only = dict(prof, engine_runs=[{"name": f"w{i}", "probe": probes_at(cost, 1.0, n=1, probe_cost=1.1)}
+                                          for i in range(3)])  # profiles from before the probe after the run
+    assert probed_speed(runs[0], cost, reference_probes(before_only))["method"] == "priced"
     unpriced = LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), pdsim_forms=False)  # prices no pdsim call
-    alone = probed_speed(runs[0], unpriced, reference_probes(calibrated))
-    assert alone["method"] == "timed" and (alone["prefill"], alone["decode"]) == pytest.approx((1 / SLOW, 1 / SLOW))
+    timed = probed_speed(runs[0], unpriced, reference_probes(before_only))
+    assert timed["method"] == "timed" and (timed["prefill"], timed["decode"]) == pytest.approx((1 / SLOW, 1 / SLOW))
+
+
+def test_each_probe_is_timed_against_the_calibrations_in_its_place():
+    """A process's first calls fault their memory in: the probe before a run reads 1.3x slower than
+    the one after it, in the calibration and in the confirm alike. Timed place by place, both read
+    the machine's speed; priced by the profile (fitted on warm calls) or pooled, the before one drags it."""
+    cost = cost_model(load_profile(BUILTIN))
+    probe = probe_trace(151_936)
+
+    def probes(factor):
+        logs = [simulate(probe, policies.make(**SETTING), cost, noise=slow(factor * cold)).to_dict() for cold in (1.3, 1.0)]
+        return {"trace": probe.to_dict(), "setting": SETTING, "logs": logs}
+
+    reference = [probes(1.0) for _ in range(3)]
+    got = probed_speed({"probe": probes(SLOW)}, cost, reference)
+    assert got["method"] == "positional"
+    for k in ("prefill", "decode"):
+        assert [got[k], got["before"][k], got["after"][k]] == pytest.approx([1 / SLOW] * 3)
+        assert got["priced"][k] < 0.95 / SLOW  # the cold probe read as a slower machine
+    assert probed_speed({"probe": probes(1.0)}, cost, reference)["prefill"] == pytest.approx(1.0)
 
 
 def test_a_probe_unlike_the_calibrations_is_not_timed():

@@ -11,6 +11,9 @@ from sim.predict import REPLICAS
 NEEDS_MLX = True
 SPEED_SPREAD = 0.10  # runs' speeds further apart than this: the machine, not the model
 MEMORY_SLOW = 0.75  # fresh memory slower than this against the calibration: a call that faults pages in runs long
+# how a confirm's probes were read (`calibrate.confirm.probed_speed`'s `method`)
+PROBE_METHODS = {"positional": "each timed against the calibration's probes in the same place",
+                 "priced": "priced by the profile", "timed": "timed against the calibration's probes"}
 
 
 def add_parser(sub) -> None:
@@ -97,9 +100,10 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                                  "rel. error", "at calib. speed"][:len(cols)]))
         if speed:
             runs = [p for p in res["machine_speed"]["runs"] if p.get("prefill")]
-            timed = [p for p in runs if p.get("timed") and p.get("method") == "priced"]  # since stop 25
-            how = "timed against the calibration's own" if all(p.get("method") == "timed" for p in runs) \
-                else "priced by the profile"
+            method = runs[0].get("method", "priced") if runs else "priced"
+            beside = "priced" if method == "positional" else "timed"  # the other reading, kept in the report
+            other = [p for p in runs if p.get(beside) and p.get("method") != beside]  # timed: stops 25-46
+            how = PROBE_METHODS.get(method, PROBE_METHODS["priced"])
             print(f"machine speed against the calibration, prefill/decode (speed probes before and after each run, "
                   f"{how}): " + " ".join(f"r{p['repeat']} {p['prefill']:.2f}/{p['decode']:.2f}" for p in runs)
                   + f"; probes' median {speed['prefill']:.2f}/{speed['decode']:.2f}"
@@ -107,9 +111,9 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                      if (at := res["machine_speed"].get("predicted_at")) else "")
                   + (f"; a single decode's growth faults at {at['page']:.2f}x the calibration's dear page "
                      f"(the probes' dearest reading: speed_probe.page_price)" if at and "page" in at else "")
-                  + ("; timed against the calibration's probes: " + " ".join(
-                      f"r{p['repeat']} {p['timed']['prefill']:.2f}/{p['timed']['decode']:.2f}" for p in timed)
-                     if timed else ""))
+                  + (f"; {PROBE_METHODS[beside]}: " + " ".join(
+                      f"r{p['repeat']} {p[beside]['prefill']:.2f}/{p[beside]['decode']:.2f}" for p in other)
+                     if other else ""))
         memory = [p for p in (res.get("machine_speed") or {}).get("runs", ()) if p.get("memory")]
         if memory:  # since stop 33
             slow = res["machine_speed"]["memory"] < MEMORY_SLOW
