@@ -14,7 +14,7 @@ from calibrate.model import LoadedModel, build_as_profiled, build_model, weights
 from calibrate.journal import Journal
 from calibrate.memory_fit import fit_memory, model_config
 from calibrate.profiler import merge, run_grid, typical_time
-from calibrate.speed_probe import PREFILLS, dear_page_seconds, reference_probes, timed_speed
+from calibrate.speed_probe import PREFILLS, dear_page_seconds, reference_probes, timed_in_place, timed_speed
 from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
 from calibrate.worker import warmed_with
 from sim.costmodel import cost_model, load_profile
@@ -209,9 +209,9 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
     before = prof["fit"]
     traces = [Trace.from_dicts(d["trace"]["requests"], d["trace"]["meta"]) for d in docs]
     cost = cost_model(prof)  # what the runs' policies priced their chunks with (auto budgets)
-    reference = [EventLog.from_dict(log) for p in reference_probes(prof) for log in p["logs"]]
-    speed = lambda run: timed_speed([EventLog.from_dict(log) for log in (run.get("probe") or {}).get("logs") or []],
-                                    reference)  # the run's probes against the calibration's (none: as timed)
+    places = [[EventLog.from_dict(log) for log in p["logs"]] for p in reference_probes(prof)]
+    speed = lambda run: timed_in_place([EventLog.from_dict(log) for log in (run.get("probe") or {}).get("logs") or []],
+                                       places)  # the run's probes against the calibration's (none: as timed)
     added = [s for d, r, trace in zip(docs, reports, traces) for run in d["runs"]
              for s in brought_back(samples_from_log(relogged(trace, run["log"], run["setting"], cost,
                                                              profile_kv_bytes(prof), warmed_with(d)[1]),

@@ -166,6 +166,12 @@ def positional_speed(logs: list[EventLog], reference: list[list[EventLog]]) -> M
     return _speed(tuple(ratios[0][k] + ratios[1][k] for k in (0, 1)))
 
 
+def timed_in_place(logs: list[EventLog], places: list[list[EventLog]]) -> MachineSpeed | None:
+    """The machine's speed with no price in it: `positional_speed` where both sides probed before
+    and after their runs, else `timed_speed` against all of the calibration's probes."""
+    return positional_speed(logs, places) or timed_speed(logs, [log for ls in places for log in ls])
+
+
 def _timed_ratios(logs: list[EventLog], reference: list[EventLog]) -> tuple[list[float], list[float]] | None:
     """The calibration's time over the time now, call by call, prefills and decodes apart."""
     if not logs or not reference:
