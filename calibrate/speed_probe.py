@@ -155,9 +155,10 @@ def positional_speed(logs: list[EventLog], reference: list[list[EventLog]]) -> M
     profile (fitted on warm grid calls), pdsim's probe before read prefills at 0.86-1.05x where
     the run's own calls ran 0.94-1.07x, and mlx-lm's probe after read them at 1.10-1.18x where
     they ran 0.95-1.06x: its s512 setting missed by it. Timed place by place and moved partway
-    (`sim.speed.PROBE_WEIGHT`), the speed strayed from the run's own by a median 2.1% on
-    prefills (priced, both probes: 2.6%), at most 8% (14%), and mlx-lm's read 1.00-1.04x; on
-    decodes by 2.8% (2.4%), at most 12% (13%)."""
+    (`sim.speed.PROBE_WEIGHT`), the speed strayed from the run's own by a median 1.8% on
+    prefills (priced: 2.8%), at most 8% (14%), and mlx-lm's settings read 1.00-1.03x; on decodes
+    by 2.7% (2.4%), at most 12% (13%). Round 25 (stop 47, 48 runs): prefills 1.6%, at most 5.5%
+    (priced 1.7%, 9.0%); decodes 1.8%, at most 7.7% (3.0%, 8.9%)."""
     if len(logs) != 2 or not reference or any(len(r) != 2 for r in reference):
         return None
     ratios = [_timed_ratios([logs[i]], [r[i] for r in reference]) for i in (0, 1)]
