@@ -94,9 +94,10 @@ class CostModel(Protocol):
 
 def is_gather(kind: str, joined: int, left: int) -> bool:
     """A sync in which requests only leave: its rows are written by a gather of the kept rows
-    (`BatchKVCache.filter`), which cost two thirds of a pad and concatenate per row on a Xeon VM
-    (40 us against 60) and the same on an EPYC one (20 us against 22), so a profile prices it apart
-    (`gather`) where its calibration timed one."""
+    (`BatchKVCache.filter`), priced apart (`gather`) where its calibration timed one. It cost two
+    thirds of a join's row on a Xeon VM (40 us against 60) while a pad's rows were counted once;
+    with a pad's fill counted as a write of its own (`sim.kvcache`), the two fit alike there
+    (37-39 us against 38 in stop 48's refits)."""
     return kind == "sync" and left > 0 and not joined
 
 

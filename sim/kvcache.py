@@ -11,8 +11,11 @@ others at context 128 writes 4 rows of a 384-token buffer. On this CPU a token-r
 `KVBuffers` follows the sizes exactly as mlx-lm 0.32 computes them, for the executor's calls
 (`calibrate.kernels`), so both executors log, and the cost model prices, the token-rows of KV
 buffer each call writes (`written`: buffer growth, pad, concatenate, gather; not the merge of
-joining caches, which costs next to nothing here). A test checks the sizes against the real
-caches, call by call.
+joining caches, which costs next to nothing here). A pad writes its rows twice: MLX fills the new
+array with the pad value, then copies the old rows in (CPU and GPU alike). Counted once, the
+calibration's joins (half of their rows padded) priced a row 25% above the confirm runs' (a
+fifth padded); counted twice, copying joins price 0.99-1.09x what they ran, not 1.11-1.27x
+(stop 48). A test checks the sizes against the real caches, call by call.
 
 Memory the process has not used before costs more: the kernel maps and zeroes every fresh page
 (a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). So `KVBuffers`
@@ -157,8 +160,9 @@ class KVBuffers:
                 copies = [merged, len(kept) * self.cap]  # the inputs, freed once the concatenation is built
                 for n, i, c in ((len(kept), self.idx, self.cap), (len(joining), longest, longest)):
                     left = idx - i
-                    if left or size - c - left > 0:
+                    if left or size - c - left > 0:  # `mx.pad`: the new array filled, then the rows copied in
                         self._new(n * size)
+                        self.written += n * size
                         copies.append(n * size)
                 self._new((len(kept) + len(joining)) * size)
                 for rows in copies:

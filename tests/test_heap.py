@@ -96,6 +96,18 @@ def test_a_grown_cache_frees_its_old_buffer_and_a_finished_one_its_own():
     assert kv.released().high == before.high  # dropping every cache faults nothing
 
 
+def test_a_join_counts_a_pads_rows_twice_and_the_concatenation_once():
+    """`BatchKVCache.extend` pads each side to one size where they differ (`mx.pad` fills the new
+    array, then copies the rows in: two writes a row) and concatenates them (one)."""
+    kv = KVBuffers(rows=("a",), idx=130, cap=256)
+    kv.sync(("a", "b"), {"a": 130, "b": 144})
+    # a is shifted 14 and b (a 144-row merge) widened to 256: two pads of 256 rows, then 2 x 256
+    assert kv.take()[0] == 2 * 256 * 2 + 2 * 256
+    kv = KVBuffers(rows=("a",), idx=144, cap=144)
+    kv.sync(("a", "b"), {"a": 144, "b": 144})
+    assert kv.take()[0] == 2 * 144  # both sides already one size: the concatenation alone
+
+
 def growths(setting: dict) -> list[tuple[str, int, int]]:
     """(request, written, fresh) of every single decode that grew a request's own cache, in
     meTile's A/B scenario (B arrives while A decodes) after the confirm's warm-up."""
