@@ -6,7 +6,7 @@ rebuilt by copies when requests join (`merge`, then `extend`: pad and concatenat
 (`filter`: a gather of the kept rows), and the new buffers keep the old spare room, so how much a
 call writes depends on the buffers' history, not only on the contexts: a request joining three
 others at context 128 writes 4 rows of a 384-token buffer. On this CPU a token-row of Qwen3-0.6B
-(229 KB over 28 layers) costs ~0.06-0.08 ms to write, a third of a decode step per 1,000 rows.
+(229 KB over 28 layers) costs ~0.04 ms to write once, a fifth of a decode step per 1,000 rows.
 
 `KVBuffers` follows the sizes exactly as mlx-lm 0.32 computes them, for the executor's calls
 (`calibrate.kernels`), so both executors log, and the cost model prices, the token-rows of KV
@@ -148,8 +148,8 @@ class KVBuffers:
         if joining:
             # merge: an exact-size buffer, no spare room, filled from caches just written; it copies
             # at memory speed from memory the allocator just freed (one request at 60-290 tokens:
-            # 1-2 ms, no page faults, against ~50 us per token-row for pad, concatenate and
-            # gather), so it is not counted, only followed as memory taken
+            # 1-2 ms, no page faults, against ~40 us per token-row for a concatenation or a gather
+            # and twice that for a pad), so it is not counted, only followed as memory taken
             longest = max(cached[r] for r in joining)
             merged = len(joining) * longest
             self.heap.take(merged)  # freed below with the other inputs, or the batch cache itself if none
