@@ -71,9 +71,10 @@ class KVBuffers:
         return KVBuffers(dict(self.own), self.rows, self.idx, self.cap, self.heap.copy(), self.written,
                          self.built, self.call_largest, self.prompt.copy(), self.gen.copy())
 
-    def _new(self, rows: int) -> None:
-        """One new array of `rows` token-rows (each layer's keys and values alike), written by the call."""
-        self.written += rows
+    def _new(self, rows: int, passes: int = 1) -> None:
+        """One new array of `rows` token-rows (each layer's keys and values alike), written by the
+        call `passes` times (a pad's: filled, then the rows copied in)."""
+        self.written += rows * passes
         self.built = max(self.built, rows)
         self.heap.take(rows)
 
@@ -160,9 +161,8 @@ class KVBuffers:
                 copies = [merged, len(kept) * self.cap]  # the inputs, freed once the concatenation is built
                 for n, i, c in ((len(kept), self.idx, self.cap), (len(joining), longest, longest)):
                     left = idx - i
-                    if left or size - c - left > 0:  # `mx.pad`: the new array filled, then the rows copied in
-                        self._new(n * size)
-                        self.written += n * size
+                    if left or size - c - left > 0:  # `mx.pad`
+                        self._new(n * size, passes=2)
                         copies.append(n * size)
                 self._new((len(kept) + len(joining)) * size)
                 for rows in copies:
