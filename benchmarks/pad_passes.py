@@ -7,10 +7,11 @@ keeps freed memory as the engine's does (`calibrate.malloc`), and prints microse
 token-row of output, the median of several repeats after the first (which faults its memory in).
 Stop 48 on the Xeon VM (2 vCPUs): pad 73-88, concatenate 43-48, gather 32-36.
 
-    python3 benchmarks/pad_passes.py
+    python3 benchmarks/pad_passes.py [--repeats N]
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -39,13 +40,19 @@ def per_row(fn, rows: int, repeats: int = 7) -> float:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description="per token-row cost of a pad, a concatenation and a gather")
+    p.add_argument("--repeats", type=int, default=7, help="timed repeats after the first (>= 1)")
+    repeats = p.parse_args().repeats
+    if repeats < 1:
+        p.error(f"--repeats must be >= 1, got {repeats}")
     print("batch tokens | pad   concatenate gather (us per output token-row)")
     for batch, tokens in ((1, 264), (3, 384), (4, 512)):
         held, joining = buffers(batch, tokens), buffers(1, tokens)
-        pad = per_row(lambda: [mx.pad(a, [(0, 0), (0, 0), (16, 0), (0, 0)]) for a in held], batch * (tokens + 16))
-        cat = per_row(lambda: [mx.concatenate([a, b]) for a, b in zip(held, joining)], (batch + 1) * tokens)
+        shift = [(0, 0), (0, 0), (16, 0), (0, 0)]  # a batch shifted 16 positions, as a join's pad
+        pad = per_row(lambda: [mx.pad(a, shift) for a in held], batch * (tokens + 16), repeats)
+        cat = per_row(lambda: [mx.concatenate([a, b]) for a, b in zip(held, joining)], (batch + 1) * tokens, repeats)
         keep = mx.array(list(range(max(1, batch - 1))))
-        gather = per_row(lambda: [a[keep] for a in held], max(1, batch - 1) * tokens)
+        gather = per_row(lambda: [a[keep] for a in held], max(1, batch - 1) * tokens, repeats)
         print(f"{batch:5d} {tokens:6d} | {pad:5.1f} {cat:11.1f} {gather:6.1f}")
 
 
