@@ -44,8 +44,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     # what the partial file's measurements are of: a resume of other work is refused (calibrate.journal)
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
               "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine",
-              "workloads": {part: [[w.name, w.trace.sha256(), w.setting, w.warmup_with] for w in ws]
-                            for part, ws in loads.items()}}
+              "workloads": {part: [[w.name, w.trace.sha256(), w.setting] for w in ws] for part, ws in loads.items()}}
     partial = out.with_name(out.name + ".partial.jsonl")
     with Journal(partial, header) as journal:
         runs = EngineRuns(lm, loads, journal, progress)
@@ -114,13 +113,11 @@ class EngineRuns:
 
     def records(self) -> list[dict]:
         """Every workload's run (running any not run yet): its part (train, held_out), setting,
-        trace, warm-up (where it served the trace), log and speed probe, as the profile keeps them
-        (`engine_samples` derives the samples again; a confirm times its probes against these,
-        `calibrate.speed_probe`)."""
+        trace, log and speed probe, as the profile keeps them (`engine_samples` derives the
+        samples again; a confirm times its probes against these, `calibrate.speed_probe`)."""
         self.run([w for ws in self.loads.values() for w in ws])
         shutil.rmtree(self.partial.with_name(self.partial.name + ".runs"), ignore_errors=True)
         return [{"name": w.name, "part": part, "setting": w.setting, "trace": w.trace.to_dict(),
-                 **({"warmup_with": w.warmup_with} if w.warmup_with != "short" else {}),
                  "log": self.done[w.name], **({"probe": self.probes[w.name]} if w.name in self.probes else {})}
                 for part, ws in self.loads.items() for w in ws]
 
@@ -230,14 +227,12 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
 
 def engine_samples(runs: list[dict]) -> list[dict]:
     """The calls of the calibration's engine runs as samples (held-out runs marked), their KV
-    buffers derived from the calls by today's state machine (`sim.relog`, after the run's own
-    warm-up), so a refit of an older profile prices them by today's rules; each call's time at
-    the calibration's speed
+    buffers derived from the calls by today's state machine (`sim.relog`), so a refit of an
+    older profile prices them by today's rules; each call's time at the calibration's speed
     (`run_speeds`: `speed` the factor applied, `measured` the time as timed)."""
     out, speeds = [], run_speeds(runs)
     for r in runs:
-        log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"],
-                       warmup_with=r.get("warmup_with", "short"))
+        log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
         out += brought_back(samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"]),
                             speeds.get(r["name"]))
     return out

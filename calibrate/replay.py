@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from bisect import bisect_right
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -31,19 +31,13 @@ from traces.generators import fixed, poisson
 from traces.trace import Trace
 
 
-WARM = "-warm"  # the name of a workload's twin served after a warm-up of its own trace
-
-
 @dataclass(frozen=True)
 class Workload:
-    """One engine run: a trace, the setting it is served under, the engine, and what its untimed
-    warm-up serves (`calibrate.worker.warmup_of`: "short", a process just started; "trace", one
-    that has served this traffic, as a confirm's runs are)."""
+    """One engine run: a trace, the setting it is served under, and the engine (`calibrate.worker`)."""
     name: str
     trace: Trace
     setting: dict
     engine: str = "pdsim"
-    warmup_with: str = "short"
 
 
 def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) -> dict[str, list[Workload]]:
@@ -55,11 +49,8 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
     at or just short of a 256-token buffer step decoded one call per request (meTile's loop), each
     request's own cache growing once, the second while the first's grown cache is held
     (`grow_single`: meTile's paid 100-980 us a row, where the batch cache's growths cost 50-300);
-    and the eager run again in a process that has served its trace (`WARM`): its joins copy into
-    memory the process holds, as a confirm's do (every join of the cold run faults, so until
-    stop 49 a single join of chunked-spread's set the price of a copied row, and the confirm
-    runs' copying joins ran at 0.89-0.97 of it); `held_out`: another seed, another budget, half the batch (one run:
-    a calibration must fit in 10 minutes, and the eager one timed the same calls again)."""
+    `held_out`: another seed, another budget, half the batch (one run: a calibration must fit in
+    10 minutes, and the eager one timed the same calls again)."""
     def staggered(n, seed):
         rng = random.Random(seed)
         return fixed([0.0] * n, [rng.randint(9, max_prompt) for _ in range(n)], [n + 1 + i for i in range(n)],
@@ -69,26 +60,24 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
         return poisson(num_requests=n, rate=rate, min_in=9, max_in=max_prompt, min_out=2, max_out=outputs, seed=seed)
     half = max(2, max_batch // 2)
     top = max_prompt // STEP * STEP or max_prompt  # below one step (tiny grids): no growth, same calls
-    eager = Workload("eager-staggered", staggered(max_batch, 11), {"policy": "eager", "batch_size": max_batch})
     return {
-        "train": [eager,
+        "train": [Workload("eager-staggered", staggered(max_batch, 11), {"policy": "eager", "batch_size": max_batch}),
                   Workload("chunked-spread", spread(max_batch, 12, 2.0),
                            {"policy": "chunked", "budget": 48, "batch_size": max_batch}),
                   Workload("fifo-growth", fixed([0.0] * 3, [max(9, max_prompt * k // 3) for k in (1, 2, 3)], [3] * 3,
                                                 13, vocab), {"policy": "fifo"}),
                   Workload("single-growth", fixed([0.0] * 3, [top - j for j in range(3)], [5, 5, 4],
-                                                  14, vocab), {"policy": "eager", "batch_size": 3, "decode": "single"}),
-                  replace(eager, name=eager.name + WARM, warmup_with="trace")],
+                                                  14, vocab), {"policy": "eager", "batch_size": 3, "decode": "single"})],
         "held_out": [Workload("chunked-held-out", spread(half + 2, 21, 1.5),
                               {"policy": "chunked", "budget": 40, "batch_size": half})],
     }
 
 
 def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bool = True) -> Iterator[tuple[dict, dict]]:
-    """Serve each workload once, each in a fresh process after an untimed warm-up (its own), as
-    confirm runs are (a process that timed the grid has touched gigabytes: its joins would never
-    meet fresh memory); yield each timed run's log (a dict) as it finishes, with the speed probes
-    served just before and just after it (`calibrate.speed_probe`: what a confirm's probes are timed against).
+    """Serve each workload once, each in a fresh process after an untimed warm-up, as confirm runs
+    are (a process that timed the grid has touched gigabytes: its joins would never meet fresh
+    memory); yield each timed run's log (a dict) as it finishes, with the speed probes served just
+    before and just after it (`calibrate.speed_probe`: what a confirm's probes are timed against).
     `model`: the worker's model spec."""
     folder.mkdir(parents=True, exist_ok=True)
     for w in loads:
@@ -97,8 +86,7 @@ def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bo
         w.trace.save_jsonl(trace, overwrite=True)  # an interrupted run left one: the folder is ours (locked)
         try:
             out = run_fresh({"model": model, "trace_path": str(trace), "setting": w.setting, "warmup": 1,
-                             "warmup_with": w.warmup_with, "engine": w.engine, "probe": w.engine},
-                            folder / f"{w.name}.json")
+                             "engine": w.engine, "probe": w.engine}, folder / f"{w.name}.json")
         except RunFailed as e:
             raise UserError(f"engine run {w.name} failed: {e}") from None
         if progress:  # a line, not a bar: these run between the grid's rounds, under its bar

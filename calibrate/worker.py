@@ -19,7 +19,6 @@ from calibrate.model import build_as_profiled
 from calibrate.speed_probe import Probe
 from sim.costmodel import cost_model
 from sim.files import atomic_write_json
-from sim.replay import WARMUPS
 from traces.trace import Request, Trace, load_jsonl
 
 
@@ -32,6 +31,9 @@ def warmup_trace(trace: Trace, n: int = 2, outputs: int = 4, prompt: int = 64) -
         reqs.append(Request(r.id, 0.0, p, min(r.output_len, outputs), ids, prefilled=r.prefilled, cls=r.cls,
                             ttft_slo_ms=r.ttft_slo_ms))
     return Trace(reqs, {"source": "warmup"})
+
+
+WARMUPS = ("trace", "short")  # what a warm-up pass serves: the trace itself, or its start cut short
 
 
 def warmup_of(trace: Trace, kind: str = "short") -> Trace:

@@ -25,7 +25,6 @@ from pathlib import Path
 
 from sim.costmodel import ProfileError
 from sim.inputs import read_json_object
-from sim.replay import WARMUPS
 
 STEPS = ("prefill", "decode")
 SAMPLE_STEPS = ("prefill", "decode", "sync", "overhead", "join", "leave", "prompt", "generate")  # the last two: mlx-lm's
@@ -372,8 +371,6 @@ def check_engine_runs(w: _Where, runs) -> None:
         r = _obj(w, r, f)
         for key in ("name", "part"):
             _text(w, r, key, f"{f}.{key}", required=True)
-        if r.get("warmup_with", "short") not in WARMUPS:  # since stop 49: a run after a warm-up of its own trace
-            raise w.fail(f"{f}.warmup_with", f"must be one of {', '.join(WARMUPS)}, got {r['warmup_with']!r}")
         _obj(w, r.get("setting"), f"{f}.setting")
         trace = _obj(w, r.get("trace"), f"{f}.trace")
         if not isinstance(trace.get("requests"), list):

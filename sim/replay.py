@@ -50,9 +50,6 @@ def engine_of(policy: Policy) -> str:
     return getattr(policy, "engine", "pdsim")
 
 
-WARMUPS = ("trace", "short")  # what a warm-up pass serves: the trace itself, or its start cut short
-
-
 def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> Heap:
     """The process's heap after serving `warmup`, every cache dropped (`sim.kvcache`)."""
     state = EngineState(warmup, kv_limit=kv_limit_of(policy, getattr(cost, "kv_bytes", None),

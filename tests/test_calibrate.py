@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 import policies
-from calibrate.calibration import EngineRuns, add_rounds, calibrate, engine_samples
+from calibrate.calibration import EngineRuns, add_rounds, calibrate
 from calibrate.journal import Journal
-from calibrate.replay import WARM, Workload, workloads
+from calibrate.replay import Workload, workloads
 from calibrate.grid import QUICK, TINY, Grid
 from calibrate.model import build_model
 from calibrate.kernels import DecodeBatch
 from calibrate.speed_probe import SETTING
-from calibrate.worker import warmup_of, warmup_trace
+from calibrate.worker import warmup_trace
 from calibrate.profiler import ONCE, batch_cache, master_cache, run_grid, sliced, typical_time
 from sim.costmodel import LinearCostModel, cost_model, load_profile
 from sim.errors import UserError
@@ -139,31 +139,6 @@ def test_grids_time_unaligned_shapes_and_long_chunks_after_no_prefix_only_when_a
     grown = [c for c in log.calls if c.kind == "decode" and c.written and not c.batched]
     assert len(grown) == 3 and len({c.rids for c in grown}) == 3 and all(c.written == 512 for c in grown)
     assert any(c.rids == grown[0].rids and c.start > grown[1].end for c in log.calls)  # the first's cache held then
-
-
-def test_the_eager_run_is_served_again_after_a_warm_up_of_its_own_trace():
-    """A confirm's runs are warmed up by their own trace, so their joins copy into memory the
-    process holds. The calibration's eager run faults at every join; its twin, served after a
-    warm-up of the same trace, copies into held memory: the joins that price a copied row like a
-    confirm's. The twin's samples are derived after its own warm-up (`engine_samples`)."""
-    loads = workloads(max(QUICK.batches), QUICK.longest_prompt(), 1000)
-    cold = next(w for w in loads["train"] if w.name == "eager-staggered")
-    warm = next(w for w in loads["train"] if w.name == cold.name + WARM)
-    assert (warm.trace, warm.setting, cold.warmup_with, warm.warmup_with) == (cold.trace, cold.setting, "short", "trace")
-    cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0))
-    served = {w.name: simulate(w.trace, policies.make(**w.setting), cost, warmup=warmup_of(w.trace, w.warmup_with))
-              for w in (cold, warm)}
-    assert [c.written for c in served[cold.name].calls] == [c.written for c in served[warm.name].calls]
-    records = [{"name": w.name, "part": "train", "setting": w.setting, "trace": w.trace.to_dict(),
-                "log": served[w.name].to_dict(), **({"warmup_with": w.warmup_with} if w is warm else {})}
-               for w in (cold, warm)]
-    samples = engine_samples(records)
-    by_run = {w.name: [s for s in samples if s["source"] == "engine:" + w.name and s["step"] == "sync"
-                       and s["joined"] and s["written"]] for w in (cold, warm)}
-    assert len(by_run[warm.name]) == max(QUICK.batches) - 1
-    assert all(s["fresh"] > 0 for s in by_run[cold.name]) and all(s["fresh"] == 0 for s in by_run[warm.name])
-    unwarmed = engine_samples([dict(records[1], warmup_with="short")])  # the same log, relogged as the cold run's
-    assert [s["fresh"] for s in unwarmed] == [s["fresh"] for s in samples if s["source"] == "engine:" + cold.name]
 
 
 def test_interrupted_calibration_resumes(tmp_path):

@@ -7,7 +7,6 @@ from pathlib import Path
 from sim.commands.common import (add_policy_args, add_trace_args, finite_float, positive_float, settings_from_args,
                                  trace_from_args, whole)
 from sim.predict import REPLICAS
-from sim.replay import WARMUPS
 
 NEEDS_MLX = True
 SPEED_SPREAD = 0.10  # runs' speeds further apart than this: the machine, not the model
@@ -33,7 +32,7 @@ def add_parser(sub) -> None:
     add_policy_args(p, many=True)
     p.add_argument("--repeats", type=whole(1, 1000), default=4, help="fresh-process runs per setting (default 4)")
     p.add_argument("--warmup", type=whole(0, 100), default=1, help="warm-up passes inside each process (default 1)")
-    p.add_argument("--warmup-with", choices=list(WARMUPS), default="trace",
+    p.add_argument("--warmup-with", choices=["trace", "short"], default="trace",
                    help="what a warm-up pass serves: trace (default) the trace itself, so the timed run finds "
                         "the process as serving this traffic leaves it, its memory grown; short: the first two "
                         "requests cut short, a process that has just started (its first growths fault memory in)")
