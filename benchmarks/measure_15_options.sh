@@ -3,12 +3,11 @@
 # profile of qwen3-0.6b: a KV limit with preemptions (`measure_14k.sh`), priority classes
 # (`measure_14q.sh`), adaptive budgets (`measure_14b.sh`), then the sjf queue (eager and fifo) and the
 # whole-prompt idle budget (chunked) on a gamma workload (12 requests, burstiness 1/3, 1.5/s,
-# prompts 9..333, outputs 3..21, GAMMA_SEED, default 909). On a quiet machine, about 42 minutes on
-# 2 cores (stop 49: 14k 6, 14q 6, 14b 16, the gamma confirm 14). Reports under runs/ (not
+# prompts 9..333, outputs 3..21, GAMMA_SEED, default 909). On a quiet machine, about 43 minutes on
+# 2 cores (stop 49: 14k 6, 14q 6, 14b 16, the gamma confirm 15). Reports under runs/ (not
 # committed); the table: `python3 benchmarks/measure_15_table.py REPORT...`.
 #   bash benchmarks/measure_15_options.sh --profile P.json
 set -u
-cd "$(dirname "$0")/.."
 PROFILE=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -18,6 +17,8 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$PROFILE" ] || { echo "measure_15_options.sh: --profile P.json is required (a calibration of qwen3-0.6b)" >&2; exit 2; }
 [ -f "$PROFILE" ] || { echo "measure_15_options.sh: --profile $PROFILE: no such file" >&2; exit 2; }
+PROFILE="$(cd "$(dirname "$PROFILE")" && pwd)/$(basename "$PROFILE")"  # before the cd below
+cd "$(dirname "$0")/.."
 PDSIM=${PDSIM:-pdsim}
 SEED=${GAMMA_SEED:-909}
 mkdir -p runs
