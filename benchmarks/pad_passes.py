@@ -20,6 +20,8 @@ from calibrate.malloc import keep_freed_memory
 keep_freed_memory()
 import mlx.core as mx  # noqa: E402  (after glibc is set to keep freed memory)
 
+from sim.commands.common import whole  # noqa: E402  (it imports MLX too)
+
 LAYERS, HEADS, DIM = 28, 8, 128
 
 
@@ -41,10 +43,8 @@ def per_row(fn, rows: int, repeats: int = 7) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description="per token-row cost of a pad, a concatenation and a gather")
-    p.add_argument("--repeats", type=int, default=7, help="timed repeats after the first (>= 1)")
+    p.add_argument("--repeats", type=whole(1, 1000), default=7, help="timed repeats after the first (1-1000)")
     repeats = p.parse_args().repeats
-    if repeats < 1:
-        p.error(f"--repeats must be >= 1, got {repeats}")
     print("batch tokens | pad   concatenate gather (us per output token-row)")
     for batch, tokens in ((1, 264), (3, 384), (4, 512)):
         held, joining = buffers(batch, tokens), buffers(1, tokens)
