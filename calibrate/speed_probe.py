@@ -4,10 +4,10 @@ A shared machine changes speed: on the 2-vCPU VM pdsim is built on, confirm runs
 after a calibration ran 0.85-1.47x as fast as it, and every measured figure moved with them.
 That is the machine, not the cost model, and no cost model can predict it. So each confirm
 worker serves this probe, in its own process, just before and just after its timed run: two
-requests under fifo, prompts of 32 and 64 tokens (aligned grid shapes) and steady decodes of a
-batch of one, the calls a calibration prices best (its joins and buffer growths are left out).
-The median over the probe's prefills of predicted over measured is the machine's prefill speed
-then, over its decodes its decode speed (`probe_speed`; `sim.speed.MachineSpeed`: the two move
+requests of 8 tokens under fifo, prompts of 32 and 64 tokens, steady decodes of a batch of one,
+then four prompts of unaligned length served by their prefill alone (`PROMPTS`; its joins and
+buffer growths are left out). The median over the probe's prefills of predicted over measured
+is the machine's prefill speed then, over its decodes its decode speed (`probe_speed`; `sim.speed.MachineSpeed`: the two move
 apart, a prefill is bound by arithmetic and a decode by memory). That also scales a prediction
 by whatever the model gets wrong on the probe's own shapes, so since stop 25 a calibration serves
 the same probe before and after each of its engine runs and keeps it. Since stop 47 the speed is
@@ -45,9 +45,17 @@ ALLOC_BYTES = 64 << 20  # fresh pages mapped and touched by each probe (`allocat
 ALLOC_METHOD = "mmap"  # how (since stop 34; before it, an MLX array: not compared with these)
 
 
+# The probe's requests, all at t=0 under fifo: two that decode (8 tokens each: steady decodes of a
+# batch of one) and four whose one token comes from their prefill (unaligned prompts, as runs have).
+# Until stop 50 only the first two: a probe's prefill speed was the median of four calls, and one
+# call strays from its run's speed by 4.8% (sd, over 684 calls of rounds 24-28) where the median of
+# four strayed 2.6%: its own noise, as four independent draws would give, so more calls read it closer.
+PROMPTS, OUTPUTS = (32, 64, 21, 37, 45, 53), (8, 8, 1, 1, 1, 1)
+
+
 def probe_trace(vocab: int) -> Trace:
-    """The probe's requests: at t=0, prompts 32 and 64, 8 tokens each (about 3 s on Qwen3-0.6B, CPU)."""
-    return fixed([0.0, 0.0], [32, 64], [8, 8], seed=5, vocab=vocab)
+    """The probe's requests (`PROMPTS`, `OUTPUTS`; about 6 s on Qwen3-0.6B on this CPU)."""
+    return fixed([0.0] * len(PROMPTS), list(PROMPTS), list(OUTPUTS), seed=5, vocab=vocab)
 
 
 def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:

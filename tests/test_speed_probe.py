@@ -94,11 +94,20 @@ def test_prefills_and_decodes_keep_their_own_speeds():
 def test_probe_speed_is_the_median_of_its_calls_and_needs_pdsim_prices():
     cost = cost_model(load_profile(BUILTIN))
     probe = probe_trace(151_936)
-    assert [r.prompt_len for r in probe.requests] == [32, 64]  # aligned shapes a grid times
+    # two requests that decode, then four unaligned prompts served by their prefill alone
+    assert [(r.prompt_len, r.output_len) for r in probe.requests] == \
+        [(32, 8), (64, 8), (21, 1), (37, 1), (45, 1), (53, 1)]
     log = simulate(probe, policies.make(**SETTING), cost, noise=iter([2.0] * 5 + [1.0] * 100).__next__)
-    # one slow prefill of two halves the prefills' median; two slow decodes of 12 move theirs not at all
+    kinds = [c.kind for c in log.calls]
+    assert kinds.count("prefill") == 6 and kinds.count("decode") == 14 and kinds[-4:] == ["prefill"] * 4
+    # one slow prefill of six moves their median not at all, nor do a few slow decodes of 14
     got = probe_speed([log], cost)
-    assert (got.prefill, got.decode) == pytest.approx((0.75, 1.0))
+    assert (got.prefill, got.decode) == pytest.approx((1.0, 1.0))
+    # the four unaligned prefills slow (the last calls; a sync draws no noise): they set the median
+    draws = len(kinds) - kinds.count("sync")
+    log = simulate(probe, policies.make(**SETTING), cost, noise=iter([1.0] * (draws - 4) + [2.0] * 4).__next__)
+    got = probe_speed([log], cost)
+    assert (got.prefill, got.decode) == pytest.approx((0.5, 1.0))
     assert probe_speed([log], LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), pdsim_forms=False)) is None
 
 
