@@ -24,8 +24,8 @@ from calibrate.host import host_info
 from calibrate.model import build_as_profiled
 from calibrate.executor import prompt_tokens
 from calibrate.replay import relogged
-from calibrate.speed_probe import (memory_speed, page_price, positional_speed, probe_engine, probe_speed, reference_probes,
-                                   timed_speed)
+from calibrate.speed_probe import (SETTING, memory_speed, page_price, positional_speed, probe_engine, probe_speed,
+                                   reference_probes, timed_speed)
 from calibrate.confirm_runs import RunsFolder, finished_run, model_spec, runs_manifest
 from calibrate.worker import RunFailed, run_fresh, warmed_with, warmup_of, warmup_trace
 from sim.costmodel import CostModel, check_profile_matches, cost_model
@@ -42,7 +42,7 @@ from sim.predict import REPLICAS, classes_of, metrics_of, replays
 from sim.residuals import call_ratios, residual_table
 from sim.state import EngineError
 from sim.settings import setting, setting_label
-from sim.speed import MachineSpeed
+from sim.speed import RUN_DECODE, MachineSpeed
 from traces.trace import Trace, load_jsonl
 
 
@@ -166,7 +166,8 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
 
     Where the runs carry speed probes (`calibrate.speed_probe`), the prediction is made at the
     machine's speed around them (prefill and decode apart, each the median over runs,
-    `probed_speed`), moved part of the way (`sim.speed.PROBE_WEIGHT`: `predicted_at`), and the
+    `probed_speed`), moved part of the way (`sim.speed.PROBE_WEIGHT`: `predicted_at`; decodes then
+    `sim.speed.RUN_DECODE` faster, where pdsim's probes read them), and the
     one at the calibration's speed is kept beside it (`at_calibration_speed`): how much of a miss
     the machine's drift made. `warmup`, `warmup_with`: what each run's process served untimed
     first (`calibrate.worker.warmup_of`); the prediction serves it too."""
@@ -184,7 +185,9 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         memory = [p["memory"] for p in known if p.get("memory")]
         probed = MachineSpeed(statistics.median(p["prefill"] for p in known),
                               statistics.median(p["decode"] for p in known), page) if known else MachineSpeed()
-        speed = probed.partway()
+        # runs in a trace-warmed process decode faster than pdsim's probes say (`sim.speed.RUN_DECODE`)
+        pdsim_probes = known and all(r["probe"]["setting"] == SETTING for r in mine if r.get("probe"))
+        speed = probed.partway(run_decode=RUN_DECODE if pdsim_probes else 1.0)
         predictions, noisy = replays(trace, policy, cost, noise, replicas, warm, speed)  # made once, read twice
         predicted, spread = metrics_of(predictions, noisy, stall_ms)
         at_calibration = metrics_of(*replays(trace, policy, cost, noise, replicas, warm), stall_ms)[0] \

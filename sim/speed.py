@@ -31,6 +31,13 @@ from sim.costmodel import CostModel
 # 1.0 each held 10. At 0.6, a calibration from another hour held 1 of 12, since it moves too
 # little when the machine has moved 15-40%.
 PROBE_WEIGHT = 0.8
+# What a run decodes faster than its probes say, moved partway: a run in a process that has served
+# its trace (`calibrate.worker`, since stop 46) against probes timed against a calibration's. Over
+# rounds 25-28 (105 runs of pdsim's engine, stop 50) the runs' steady decodes, at the calibration's
+# prices, ran 1.35% faster than the speed they were predicted at (by round: +1.3, +1.8, +1.5,
+# +0.8%; prefills: -0.5, -1.1, +1.8, -0.1%, none), and the predictions' makespans were 1.0% long
+# (median over 53 settings of rounds 24-28). Only pdsim's probes measured it (`calibrate.confirm`).
+RUN_DECODE = 1.0135
 
 
 @dataclass(frozen=True)
@@ -54,10 +61,11 @@ class MachineSpeed:
     def to_json(self) -> dict:
         return {"prefill": self.prefill, "decode": self.decode, **({"page": self.page} if self.page != 1.0 else {})}
 
-    def partway(self, weight: float = PROBE_WEIGHT) -> "MachineSpeed":
-        """This speed moved only `weight` of the way from the calibration's (1.0), in log scale. A
-        page's price is read directly (a probe faults pages in as a growth does), and moves all the way."""
-        return MachineSpeed(self.prefill ** weight, self.decode ** weight, self.page)
+    def partway(self, weight: float = PROBE_WEIGHT, run_decode: float = 1.0) -> "MachineSpeed":
+        """This speed moved only `weight` of the way from the calibration's (1.0), in log scale, the
+        decodes' then times `run_decode` (`RUN_DECODE` for pdsim's probes). A page's price is read
+        directly (a probe faults pages in as a growth does), and moves all the way."""
+        return MachineSpeed(self.prefill ** weight, self.decode ** weight * run_decode, self.page)
 
 
 def _at(price: float | None, speed: float) -> float | None:
