@@ -186,7 +186,7 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         probed = MachineSpeed(statistics.median(p["prefill"] for p in known),
                               statistics.median(p["decode"] for p in known), page) if known else MachineSpeed()
         # runs in a trace-warmed process decode faster than pdsim's probes say (`sim.speed.RUN_DECODE`)
-        pdsim_probes = known and all(r["probe"]["setting"] == SETTING for r in mine if r.get("probe"))
+        pdsim_probes = bool(known) and all(r["probe"]["setting"] == SETTING for r in mine if r.get("probe"))
         speed = probed.partway(run_decode=RUN_DECODE if pdsim_probes else 1.0)
         predictions, noisy = replays(trace, policy, cost, noise, replicas, warm, speed)  # made once, read twice
         predicted, spread = metrics_of(predictions, noisy, stall_ms)

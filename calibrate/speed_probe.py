@@ -7,9 +7,9 @@ worker serves this probe, in its own process, just before and just after its tim
 requests of 8 tokens under fifo, prompts of 32 and 64 tokens, steady decodes of a batch of one,
 then four prompts of unaligned length served by their prefill alone (`PROMPTS`; its joins and
 buffer growths are left out). The median over the probe's prefills of predicted over measured
-is the machine's prefill speed then, over its decodes its decode speed (`probe_speed`; `sim.speed.MachineSpeed`: the two move
-apart, a prefill is bound by arithmetic and a decode by memory). That also scales a prediction
-by whatever the model gets wrong on the probe's own shapes, so since stop 25 a calibration serves
+is the machine's prefill speed then, over its decodes its decode speed (`probe_speed`;
+`sim.speed.MachineSpeed`: the two move apart, a prefill is bound by arithmetic and a decode by
+memory). That also scales a prediction by whatever the model gets wrong on the probe's own shapes, so since stop 25 a calibration serves
 the same probe before and after each of its engine runs and keeps it. Since stop 47 the speed is
 read with no price in it: each probe's time for each call against the calibration's probes in
 the same place, before a run or after it (`positional_speed`), the reading priced by the profile
@@ -48,8 +48,9 @@ ALLOC_METHOD = "mmap"  # how (since stop 34; before it, an MLX array: not compar
 # The probe's requests, all at t=0 under fifo: two that decode (8 tokens each: steady decodes of a
 # batch of one) and four whose one token comes from their prefill (unaligned prompts, as runs have).
 # Until stop 50 only the first two: a probe's prefill speed was the median of four calls, and one
-# call strays from its run's speed by 4.8% (sd, over 684 calls of rounds 24-28) where the median of
-# four strayed 2.6%: its own noise, as four independent draws would give, so more calls read it closer.
+# call strayed from its run's speed by 4.8% (sd, over 684 calls of rounds 24-28) and the median of
+# four by 2.6%, as four independent draws would. The median of twelve strayed 2.1% in round 29
+# (rounds 24-28: 2.1-3.1% by round): what is left is drift between the probes and the run.
 PROMPTS, OUTPUTS = (32, 64, 21, 37, 45, 53), (8, 8, 1, 1, 1, 1)
 
 
