@@ -1,24 +1,24 @@
 """How fast the machine runs now, against its calibration: a short fixed run timed around each confirm run.
 
-A shared machine changes speed: on the 2-vCPU VM pdsim is built on, confirm runs made minutes
-after a calibration ran 0.85-1.47x as fast as it, and every measured figure moved with them.
-That is the machine, not the cost model, and no cost model can predict it. So each confirm
-worker serves this probe, in its own process, just before and just after its timed run: two
-requests of 8 tokens under fifo, prompts of 32 and 64 tokens, steady decodes of a batch of one,
-then four prompts of unaligned length served by their prefill alone (`PROMPTS`; its joins and
-buffer growths are left out). The median over the probe's prefills of predicted over measured
-is the machine's prefill speed then, over its decodes its decode speed (`probe_speed`;
-`sim.speed.MachineSpeed`: the two move apart, a prefill is bound by arithmetic and a decode by
-memory). That also scales a prediction by whatever the model gets wrong on the probe's own shapes, so since stop 25 a calibration serves
-the same probe before and after each of its engine runs and keeps it. Since stop 47 the speed is
-read with no price in it: each probe's time for each call against the calibration's probes in
-the same place, before a run or after it (`positional_speed`), the reading priced by the profile
-kept beside it (and used where the calibration kept no probe after its runs). The run is predicted
-at the speed (`sim.predict.replays`), and the report keeps the prediction at the calibration's
-speed beside it. The probe is never a call of the run being scored. A profile of mlx-lm's calls
-is probed on BatchGenerator (`MLX_SETTING`: the same requests, one prompt a call), its prompt
-calls giving the prefill speed and its generation steps the decode speed (stop 23: a confirm of
-three settings had runs 28% apart in speed, and nothing said so in the prediction).
+A shared machine changes speed: on the 2-vCPU VM pdsim is built on, confirm runs made minutes after
+a calibration ran 0.85-1.47x as fast as it, and every measured figure moved with them. That is the
+machine, not the cost model, and no cost model can predict it. So each confirm worker serves this
+probe, in its own process, just before and just after its timed run: two requests of 8 tokens under
+fifo, prompts of 32 and 64 tokens, steady decodes of a batch of one, then four prompts of unaligned
+length served by their prefill alone (`PROMPTS`; its joins and buffer growths are left out). The
+median over the probe's prefills of predicted over measured is the machine's prefill speed then,
+over its decodes its decode speed (`probe_speed`; `sim.speed.MachineSpeed`: the two move apart, a
+prefill is bound by arithmetic and a decode by memory). That also scales a prediction by whatever
+the model gets wrong on the probe's own shapes, so since stop 25 a calibration serves the same probe
+before and after each of its engine runs and keeps it. Since stop 47 the speed is read with no price
+in it: each probe's time for each call against the calibration's probes in the same place, before a
+run or after it (`positional_speed`), the reading priced by the profile kept beside it (and used
+where the calibration kept no probe after its runs). The run is predicted at the speed
+(`sim.predict.replays`), and the report keeps the prediction at the calibration's speed beside it.
+The probe is never a call of the run being scored. A profile of mlx-lm's calls is probed on
+BatchGenerator (`MLX_SETTING`: the same requests, one prompt a call), its prompt calls giving the
+prefill speed and its generation steps the decode speed (stop 23: a confirm of three settings had
+runs 28% apart in speed, and nothing said so in the prediction).
 """
 from __future__ import annotations
 
