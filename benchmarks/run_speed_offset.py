@@ -33,7 +33,12 @@ def profile_of(report: Path, recorded: str) -> Path | None:
 
 def points(report: Path) -> dict[str, list[tuple[float, float]]]:
     """(log probe reading, log run speed) per kind, one pair a run."""
-    doc = json.loads(report.read_text())
+    try:
+        doc = json.loads(report.read_text())
+        doc["profile"]["path"], doc["results"], doc["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"run_speed_offset.py: {report}: not a confirm report ({type(e).__name__}: {e})", file=sys.stderr)
+        sys.exit(2)
     path = profile_of(report, doc["profile"]["path"])
     out = {"prefill": [], "decode": []}
     if path is None:
