@@ -1,4 +1,4 @@
-"""Which rule for fresh memory tells the page faults of measured calls (README, stop 40).
+"""Which rule for fresh memory tells the page faults of measured calls (HISTORY, stop 40).
 
 Two checkouts' state machines relog the same confirm reports (`calibrate.replay.relogged`), each
 call's `fresh` by each checkout's rule, and each call's measured faults (`EventLog.faults`, in

@@ -4,7 +4,7 @@ One line per such growth: in the profile's own engine runs, then in each confirm
 Each line has the growth's start in its run, its minor page faults, and its measured time. It
 also has the time beyond its price without copies (the profile's, at the calibration's speed).
 The last column is that time less a row's copy (`grow`) per row written, per fault: 2.5-4 us
-where the guest reused pages it had just freed, 10-22 us where the host backed them (README,
+where the guest reused pages it had just freed, 10-22 us where the host backed them (HISTORY,
 stop 36). Prints figures; asserts nothing.
 
     python3 benchmarks/growth_faults.py PROFILE.json [REPORT.json ...]

@@ -1,4 +1,4 @@
-"""Where a confirm run's page faults come from: the run again with glibc's calls traced (README, stop 43).
+"""Where a confirm run's page faults come from: the run again with glibc's calls traced (HISTORY, stop 43).
 
 Re-runs one setting of a confirm report's runs (its warm-up and probes too, as `pdsim confirm`
 ran it, on pdsim's executor or mlx-lm's BatchGenerator as the report did) with
@@ -15,7 +15,7 @@ glibc and gcc; prints figures, asserts nothing.
 With a call number, also the work item that holds that call, in the process (the trace) and in
 `sim.heap` (the run's own state): the free memory just before it (the pieces between live blocks,
 from the first block the runs allocated up, and the room below the high-water mark above the
-top, in MB), and the blocks it allocated and freed, in order (README, stop 45).
+top, in MB), and the blocks it allocated and freed, in order (HISTORY, stop 45).
 """
 import ctypes
 import json

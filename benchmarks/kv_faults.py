@@ -1,7 +1,7 @@
 """Page faults of every real call beside the KV token-rows the model counts as written and fresh.
 
 The tails that still miss sit on KV copies into memory the process has not used before
-(README, stop 27), and `sim/kvcache.py`'s rule for "fresh" does not say when that happens. This
+(HISTORY, stop 27), and `sim/kvcache.py`'s rule for "fresh" does not say when that happens. This
 prints, for every call that writes KV buffers or faults a lot, the minor page faults between
 calls (`getrusage`), in token-rows (4 KiB pages over a token-row's keys and values), and the time:
 what a better rule has to match. Prints figures; asserts nothing.

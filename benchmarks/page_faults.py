@@ -1,6 +1,6 @@
 """What a page fault costs on this machine, and how many pages an MLX array faults again after a free.
 
-Two measurements behind README stop 39; prints figures, asserts nothing.
+Two measurements behind HISTORY stop 39; prints figures, asserts nothing.
 
 1. Fresh anonymous memory touched page by page, CHUNK_MB at a time (`mmap`, one byte a page): the
    faults and microseconds per fault of each chunk. On the 2-vCPU Firecracker VM of rounds 13-15 the

@@ -265,7 +265,7 @@ def fit_grow_single(samples: list[dict], forms: dict[str, Form],
     or 10-22 us each (by whether the guest or the host backed them), and the two or three
     growths a calibration serves met either by chance: 62 us a row in one of round 8's
     calibrations and 272 in the other, where its confirm runs' worst growths paid 275-555
-    (README, stop 36). Without them: the median over such decodes of their time beyond their
+    (HISTORY, stop 36). Without them: the median over such decodes of their time beyond their
     price without copies, per row (None without any samples). Returned with the part of it that
     is page faults (None where it is not priced by faults): a confirm prices that part at the
     fault price its probes read (`sim.speed.MachineSpeed.page`)."""

@@ -97,11 +97,11 @@ def key_of(p: dict) -> str:
 # took 697-716 s with four engine runs. Three rounds, without those three points: a point's median
 # of three timings is within a median 1-3% (p90 3-6%) of its median of four over ten calibrations,
 # inside the 5% of repeat noise. Refitted so, the 54 confirmed settings of five earlier rounds held
-# about as many: the six 41 -> 38, the tails 30 -> 31, all three 22 -> 22 (README, stop 32).
+# about as many: the six 41 -> 38, the tails 30 -> 31, all three 22 -> 22 (HISTORY, stop 32).
 # Stop 33: two rounds. Refitted from each point's first two timings, the 66 confirmed settings of
 # six rounds held as many as from its first three: the six 44 against 43, the tails 34 against 33,
 # all three 24 against 24; a round costs about 105 s here, and a quick calibration 469-479 s
-# (README, stop 33).
+# (HISTORY, stop 33).
 # `pdsim calibrate --add-rounds` times more rounds.
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],

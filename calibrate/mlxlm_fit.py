@@ -55,7 +55,7 @@ def fresh_by_faults(samples: list[dict], page: float, fitted: float) -> float:
     the rows a call writes and the rows it meets fresh are known per call; the average faults
     per row written that profiles priced before (stop 37) put a first forward's faults on every
     first forward, and the ones that faulted nothing (most) were priced 1.11-1.23x their time in
-    three rounds' confirm runs (README, stop 44)."""
+    three rounds' confirm runs (HISTORY, stop 44)."""
     met = [s["faults"] / s["fresh"] for s in samples if s.get("fresh") and s.get("faults")]
     return statistics.median(met) * page if met else fitted
 

@@ -120,7 +120,7 @@ def dear_page_seconds(probes: list[dict]) -> float | None:
     pages paid 1.5-1.9 us a page for the first 0.8-1.6 GB (pages the guest had freed and not yet
     reported) and 11-12 us for the rest. The probes read one, the other or a mixture. A single
     decode's buffer growth paid the dear price in 13 of 18 growths of round 8's meTile runs,
-    and those set the runs' worst gaps (README, stop 36)."""
+    and those set the runs' worst gaps (HISTORY, stop 36)."""
     per_page = _per_page(probes)
     if len(per_page) < DEAR_READINGS:
         return None

@@ -115,7 +115,7 @@ def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, s
     fresh one (a step's growth at its own price, where the profile has one). A single decode's own
     growth (a request's own cache, 256 -> 512 tokens) has one price per row, `grow_single`, where
     the profile has one: measured on meTile's runs it cost 100-980 us a row, a median of about 450,
-    as much where the array was larger than any before as where it was not (README, stop 32), and
+    as much where the array was larger than any before as where it was not (HISTORY, stop 32), and
     the batch cache's growths cost 50-300. What it costs is its page faults (since stop 36 the fit
     prices them at the dear page: `calibrate.fit.fit_grow_single`). Stop 40 tried charging them to
     fresh rows only (by the pooled heap of then): meTile's first growth, which the heap saw as all fresh,

@@ -3,7 +3,7 @@ fault pages in.
 
 The engine's process keeps what it frees (`calibrate.malloc`: glibc serves every block up to
 32 MiB from its heap and never trims it), so a page is faulted in once, when the heap first
-grows over it. In a run with glibc's calls traced (README, stop 43) every call's page faults
+grows over it. In a run with glibc's calls traced (HISTORY, stop 43) every call's page faults
 were its growth of the heap's high-water mark, to the page. Which calls grow it is glibc's
 placement: a block takes the smallest free block that holds it (best fit, the rest left free),
 a freed block merges with its free neighbours, and one next to the top merges into the top.
@@ -18,7 +18,7 @@ frees). Activations, logits and MLX's own 32 MB buffer cache are left out. The m
 memory is what it misses most: before a traced mlx-lm merge (`benchmarks/heap_trace.py`, with a
 call number) the process had 37 MB free in 328 pieces, the largest 6.4 MB, and 7 MB above its
 top; the model had 4 MB in one piece and 36 MB above the top. The merge's 3 MB arrays fit in the
-model's room and grew the process's heap: 293 rows faulted where the model said 101 (README,
+model's room and grew the process's heap: 293 rows faulted where the model said 101 (HISTORY,
 stops 44-45). What cuts the process's memory into pieces is not known yet: above the weights,
 only three of the traced blocks (64 KiB and up) were not KV arrays (logits), and smaller blocks
 are not traced. One block of activations per call, tried in stop 44, broke the decode growths'

@@ -23,7 +23,7 @@ from sim.costmodel import CostModel
 # read, in log scale (least squares; 0.59-0.64 leaving out any one calibration). Moved 0.6 of the
 # way, the speed was within 3% of the runs' own in 74% of settings, against 57% moved all the way
 # and 48% not moved at all. (The fresh round after it held as many settings' six aggregates at
-# 0.6 as taken whole, and fewer tails: 8 of 12 against 9; README, stop 31.)
+# 0.6 as taken whole, and fewer tails: 8 of 12 against 9; HISTORY, stop 31.)
 # Stop 35 measured it again on 28 settings: round 7's twelve with their own calibrations, a third
 # calibration's four, and twelve scored with a calibration made in another hour (a cached profile,
 # as `pdsim tune` reuses). The runs' speed followed the probes 1.0x as far (least squares, log
