@@ -2,14 +2,14 @@
 
 Run: python benchmarks/bench_sim.py [--requests N ...] [--kv-limit L ...]. Prints figures; asserts
 nothing. The calls/s should not fall as traces grow (per-call cost independent of trace length).
-`--kv-limit none 4096 2000` runs each setting under each KV limit (`sim.memory`), with its preemptions.
+`--kv-limit none 4096 2000` runs each setting under each KV limit (`sim.engine.memory`), with its preemptions.
 """
 import argparse
 import time
 
 import policies
-from sim.costmodel import BUILTIN, cost_model, load_profile
-from sim.metrics import score
+from sim.cost.model import BUILTIN, cost_model, load_profile
+from sim.metrics.scoring import score
 from sim.replay import simulate
 from traces.generators import poisson
 

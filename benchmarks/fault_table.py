@@ -3,7 +3,7 @@
 Confirm runs keep each call's minor page faults (`EventLog.faults`, since stop 34). This prices
 every call with the report's profile, at the run's own speed (the median over its calls of
 predicted/measured), and prints per call kind: the calls that faulted at least 1 MiB
-(`sim.residuals.FAULTED`), the MB they faulted, their pred/meas, and their time beyond the price
+(`sim.metrics.residuals.FAULTED`), the MB they faulted, their pred/meas, and their time beyond the price
 per faulted 4 KiB page; beside it, pred/meas of the calls that did not fault. A second table
 splits each kind by whether the state machine expected fresh memory (`Call.fresh`, what the
 cost model prices) and whether the call faulted: the data a model that predicts faults (not yet
@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.costmodel import ProfileError, cost_model, load_profile  # noqa: E402
-from sim.errors import UserError  # noqa: E402
-from sim.files import read_json_object  # noqa: E402
-from sim.log import EventLog  # noqa: E402
-from sim.residuals import FAULTED, call_kind, price_call, timed_calls  # noqa: E402
+from sim.cost.model import ProfileError, cost_model, load_profile  # noqa: E402
+from sim.core.errors import UserError  # noqa: E402
+from sim.core.files import read_json_object  # noqa: E402
+from sim.engine.log import EventLog  # noqa: E402
+from sim.metrics.residuals import FAULTED, call_kind, price_call, timed_calls  # noqa: E402
 
 PAGE = 4096
 

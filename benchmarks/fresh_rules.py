@@ -1,6 +1,6 @@
 """Which rule for fresh memory tells the page faults of measured calls (HISTORY, stop 40).
 
-Two checkouts' state machines relog the same confirm reports (`calibrate.replay.relogged`), each
+Two checkouts' state machines relog the same confirm reports (`calibrate.measure.engine_runs.relogged`), each
 call's `fresh` by each checkout's rule, and each call's measured faults (`EventLog.faults`, in
 token-rows of 56 pages, Qwen3-0.6B's). Printed per call kind, for each checkout's rule and for
 combinations of the two: rows predicted and faulted, faulted/predicted over the calls predicted
@@ -20,7 +20,7 @@ FAULTED = 20  # token-rows: a call that faulted fewer is counted as not faulting
 RELOG = '''
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from calibrate.replay import relogged
+from calibrate.measure.engine_runs import relogged
 from traces.trace import Trace
 rep = json.load(open(sys.argv[2]))
 out = []

@@ -40,7 +40,7 @@ for _ in range(3):
     t = time.perf_counter(); mx.eval(a @ a); dt = time.perf_counter() - t
 print(f"fp32 {n}^3 matmul {dt * 1e3:.2f} ms, {2 * n ** 3 / dt / 1e12:.2f} TFLOP/s")
 mx.eval(mx.softmax(a, axis=-1).sum(), mx.fast.rms_norm(a, mx.ones((n,)), 1e-6))  # kernels MLX compiles at run time
-from calibrate.host import host_info
+from calibrate.host.machine import host_info
 print("host", host_info())
 EOF
 rc=$?; cat "$W/smoke.log"; pack; [ $rc = 0 ] || exit 1

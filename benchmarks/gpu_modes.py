@@ -7,8 +7,8 @@ import time
 
 import mlx.core as mx
 
-from calibrate.kernels import decode_one, new_cache, prefill_chunk
-from calibrate.model import build_model
+from calibrate.engine.kernels import decode_one, new_cache, prefill_chunk
+from calibrate.engine.model import build_model
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 lm = build_model("qwen3-0.6b", dtype="float32")

@@ -5,7 +5,7 @@ ran it, on pdsim's executor or mlx-lm's BatchGenerator as the report did) with
 `benchmarks/malloc_trace.c` preloaded, which logs every malloc and free of 64 KiB or more with
 the heap's top. Then, per work item of the timed run: the page faults the run
 counted, the growth of the heap's high-water mark the trace shows, and the fresh rows
-`sim.heap` said, all in token-rows. In stop 43 the first two agreed to the page. Needs Linux,
+`sim.engine.heap` said, all in token-rows. In stop 43 the first two agreed to the page. Needs Linux,
 glibc and gcc; prints figures, asserts nothing.
 
     python3 benchmarks/heap_trace.py REPORT.json.runs '{"policy": "chunked", "budget": 32, "batch_size": 4}'
@@ -13,7 +13,7 @@ glibc and gcc; prints figures, asserts nothing.
         "prompt_concurrency": 1, "decode_concurrency": 4}' 54
 
 With a call number, also the work item that holds that call, in the process (the trace) and in
-`sim.heap` (the run's own state): the free memory just before it (the pieces between live blocks,
+`sim.engine.heap` (the run's own state): the free memory just before it (the pieces between live blocks,
 from the first block the runs allocated up, and the room below the high-water mark above the
 top, in MB), and the blocks it allocated and freed, in order (HISTORY, stop 45).
 """
@@ -34,7 +34,7 @@ SHIM = "malloc_trace"
 
 def relaunch() -> None:
     """Build the shim and run this script again with it (and the engine's BLAS) preloaded."""
-    from calibrate.blas import MARK, core_override, find_openblas
+    from calibrate.host.blas import MARK, core_override, find_openblas
     tmp = Path(tempfile.mkdtemp(prefix="heap-trace-"))
     lib = tmp / f"{SHIM}.so"
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(ROOT / "benchmarks" / f"{SHIM}.c")],
@@ -49,7 +49,7 @@ def relaunch() -> None:
 
 @dataclass
 class Followed:
-    """What `sim.heap` did in one run, by work item (keyed by the calls done before it)."""
+    """What `sim.engine.heap` did in one run, by work item (keyed by the calls done before it)."""
     heaps: dict = field(default_factory=dict)  # the heap the run starts from (0), and after each item
     settles: dict = field(default_factory=dict)  # each item's settles: lists of (allocate?, rows)
     start: int = 0  # calls done before the item running now
@@ -58,11 +58,11 @@ class Followed:
 def run(runs_dir: Path, setting: dict) -> tuple[dict, list[int], list[Followed]]:
     """The setting's run as the confirm ran it (pdsim's executor, or mlx-lm's BatchGenerator
     where the report's engine is mlx-lm), a marker after every work item (one `next()` of
-    BatchGenerator); (log, calls per run, what `sim.heap` did in each run)."""
-    import calibrate.batchgen as batchgen
-    import calibrate.executor as executor
-    import calibrate.worker as worker
-    from sim.heap import Heap
+    BatchGenerator); (log, calls per run, what `sim.engine.heap` did in each run)."""
+    import calibrate.engine.batchgen as batchgen
+    import calibrate.engine.executor as executor
+    import calibrate.measure.worker as worker
+    from sim.engine.heap import Heap
     mark = ctypes.CDLL(None).pdsim_mark
     mark.argtypes = (ctypes.c_long,)
     served, followed = [], []
@@ -216,9 +216,9 @@ def main() -> None:
     runs_dir, setting = arguments()
     if SHIM not in os.environ.get("LD_PRELOAD", ""):
         relaunch()
-    from calibrate.model import QWEN3_CONFIGS
-    from sim.heap import GROUPS
-    from sim.memory import kv_bytes_per_token
+    from calibrate.engine.model import QWEN3_CONFIGS
+    from sim.engine.heap import GROUPS
+    from sim.engine.memory import kv_bytes_per_token
     log, served, followed = run(runs_dir, setting)
     model = json.loads((runs_dir / "what.json").read_text())["model"]
     row = kv_bytes_per_token(QWEN3_CONFIGS[model["name"]], model["dtype"])
@@ -226,7 +226,7 @@ def main() -> None:
     k = {name: i for i, name in enumerate(log["call_fields"])}
     calls, faults = log["calls"], log["faults"]
     print(f"runs served (calls): {served}; the timed run is run {timed}; a token-row is {row:,} bytes")
-    print("calls     faulted  heap grew  sim.heap fresh  | the item's calls (kind, requests, written)")
+    print("calls     faulted  heap grew  sim.engine.heap fresh  | the item's calls (kind, requests, written)")
     for a, b, grew in growth_by_item(Path(os.environ["MTRACE_OUT"]), timed):
         faulted = sum(faults[a:b]) * 4096 / row
         fresh = sum(c[k["fresh"]] for c in calls[a:b])
@@ -238,10 +238,10 @@ def main() -> None:
         # the item that holds the call (a run's path can differ from the report's: its calls too)
         mine = followed[timed]
         before = max(n for n in mine.heaps if n <= int(sys.argv[3]))
-        unit, trace_file = row / GROUPS, Path(os.environ["MTRACE_OUT"])  # sim.heap's unit: a token-row of one group
+        unit, trace_file = row / GROUPS, Path(os.environ["MTRACE_OUT"])  # sim.engine.heap's unit: a token-row of one group
         show_free(f"before call {before}, the process", *real_free(trace_file, timed, before))
         heap = mine.heaps[before]
-        show_free(f"before call {before}, sim.heap   ", [round(n * unit) for n in heap.free.values()],
+        show_free(f"before call {before}, sim.engine.heap   ", [round(n * unit) for n in heap.free.values()],
                   round((heap.high - heap.top) * unit))
         array_row = row // (2 * GROUPS)  # one token-row of one layer's keys (or values)
         label = lambda size: (f"{(size - 8) // array_row}r" if (size - 8) % array_row == 0 and size - 8 >= 128 * array_row
@@ -249,7 +249,7 @@ def main() -> None:
         print(f"the item's blocks, in order (r: 128 or more whole KV rows of one array, which an activation can "
               f"also be; K: KiB), the process: "
               f"{runs_of([op + label(size) for op, size in item_blocks(trace_file, timed, before)])}")
-        print("sim.heap's settles (T: taken, G: given, rows of every layer's keys and values): " + " | ".join(
+        print("sim.engine.heap's settles (T: taken, G: given, rows of every layer's keys and values): " + " | ".join(
             " ".join(("T" if take else "G") + str(n) for take, n in ops) for ops in mine.settles.get(before, [])))
 
 if __name__ == "__main__":

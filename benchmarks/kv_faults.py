@@ -1,13 +1,13 @@
 """Page faults of every real call beside the KV token-rows the model counts as written and fresh.
 
 The tails that still miss sit on KV copies into memory the process has not used before
-(HISTORY, stop 27), and `sim/kvcache.py`'s rule for "fresh" does not say when that happens. This
+(HISTORY, stop 27), and `sim/engine/kvcache.py`'s rule for "fresh" does not say when that happens. This
 prints, for every call that writes KV buffers or faults a lot, the minor page faults between
 calls (`getrusage`), in token-rows (4 KiB pages over a token-row's keys and values), and the time:
 what a better rule has to match. Prints figures; asserts nothing.
 
 Run (on Linux, OpenBLAS preloaded as `pdsim` does itself):
-    LD_PRELOAD=$(python -c 'from calibrate.blas import find_openblas; print(find_openblas())') \\
+    LD_PRELOAD=$(python -c 'from calibrate.host.blas import find_openblas; print(find_openblas())') \\
       python benchmarks/kv_faults.py TRACE.jsonl '{"policy": "eager", "batch_size": 4}'
 """
 import json
@@ -18,11 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import policies  # noqa: E402
-from calibrate.executor import RealEngine  # noqa: E402
-from calibrate.model import build_model  # noqa: E402
-from calibrate.worker import warmup_trace  # noqa: E402
-from sim.memory import kv_bytes_per_token  # noqa: E402
-from sim.residuals import call_kind  # noqa: E402
+from calibrate.engine.executor import RealEngine  # noqa: E402
+from calibrate.engine.model import build_model  # noqa: E402
+from calibrate.measure.worker import warmup_trace  # noqa: E402
+from sim.engine.memory import kv_bytes_per_token  # noqa: E402
+from sim.metrics.residuals import call_kind  # noqa: E402
 from traces.trace import load_jsonl  # noqa: E402
 
 

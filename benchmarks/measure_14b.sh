@@ -38,7 +38,7 @@ PDSIM="${PDSIM:-pdsim}"
 if [ -z "$TARGETS" ]; then
   TARGETS=$(python3 - "$PROFILE" <<'EOF'
 import sys
-from sim.costmodel import cost_model, load_profile
+from sim.cost.model import cost_model, load_profile
 c = cost_model(load_profile(sys.argv[1]))
 step = c.decode([200] * 4)
 print(" ".join(f"{(step + c.prefill(n, 100)) * 1e3:.3g}" for n in (16, 64)))
@@ -83,7 +83,7 @@ $PDSIM sweep --profile "$PROFILE" "${TRACE[@]}" --policy chunked --budget 4 8 16
 python3 - "$SWEEP/results.csv" <<'EOF'
 import sys
 import pandas as pd
-from sim.pick import pareto_front
+from sim.sweep.pick import pareto_front
 df = pd.read_csv(sys.argv[1])
 df["neg_p95_ttft"] = -df["p95_ttft_ms"]
 tput = set(pareto_front(df, "decode_gap_p95_ms", "output_throughput")["label"])

@@ -45,9 +45,9 @@ import json
 import sys
 
 import policies
-from calibrate.worker import warmup_trace
-from sim.costmodel import cost_model, load_profile
-from sim.log import EventLog
+from calibrate.measure.worker import warmup_trace
+from sim.cost.model import cost_model, load_profile
+from sim.engine.log import EventLog
 from sim.replay import simulate
 from traces.trace import Trace
 

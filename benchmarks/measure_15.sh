@@ -2,7 +2,7 @@
 # Issue 15's measurement: what a user runs first, `bash .ci/install && pdsim tune`, in two fresh
 # clones of this checkout's HEAD (two calibrations, so the spread between them shows), then the
 # README's two seed experiments and the gamma workload with the second calibration; every confirm
-# probes the machine's speed around each run (`calibrate/speed_probe.py`). On a quiet machine
+# probes the machine's speed around each run (`calibrate/measure/speed_probe.py`). On a quiet machine
 # (about 70 minutes on 2 cores). Clones, venvs and reports under $OUT (default /tmp/pdsim-m15);
 # the summary table: `python3 benchmarks/measure_15_table.py $OUT`. GAMMA_SEED (default 7) picks the
 # gamma workload's seed: a new one each round keeps it a workload nothing was tuned on.

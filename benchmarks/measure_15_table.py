@@ -1,6 +1,6 @@
 """The summary table of `benchmarks/measure_15.sh`'s reports: per setting, the probed machine
 speed, the median |relative error| of the six aggregates at the probed speed and at the
-calibration's, the tails, and how many replays took each run's path (`sim.paths`; "-" for reports
+calibration's, the tails, and how many replays took each run's path (`sim.metrics.decisions`; "-" for reports
 from before confirm compared paths). `python3 benchmarks/measure_15_table.py OUT [FIRST SECOND]`: FIRST and
 SECOND name the two clones under OUT (default A B); the seed and gamma runs are the second's.
 `python3 benchmarks/measure_15_table.py REPORT.json...`: the same table for the reports named, then

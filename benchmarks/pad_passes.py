@@ -1,9 +1,9 @@
 """What a token-row of KV buffer costs to write in each operation a join or leave runs.
 
-`sim.kvcache` counts a pad's rows twice (`mx.pad` fills the new array, then copies the old rows
+`sim.engine.kvcache` counts a pad's rows twice (`mx.pad` fills the new array, then copies the old rows
 in) and a concatenation's or a gather's once. This times the three on arrays shaped as one
 Qwen3-0.6B batch cache (28 layers, keys and values, 8 heads of 128 floats), in a process that
-keeps freed memory as the engine's does (`calibrate.malloc`), and prints microseconds per
+keeps freed memory as the engine's does (`calibrate.host.malloc`), and prints microseconds per
 token-row of output, the median of several repeats after the first (which faults its memory in).
 Stop 48 on the Xeon VM (2 vCPUs): pad 73-88, concatenate 43-48, gather 32-36.
 
@@ -15,7 +15,7 @@ import argparse
 import statistics
 import time
 
-from calibrate.malloc import keep_freed_memory
+from calibrate.host.malloc import keep_freed_memory
 
 keep_freed_memory()
 import mlx.core as mx  # noqa: E402  (after glibc is set to keep freed memory)

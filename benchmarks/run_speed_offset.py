@@ -1,4 +1,4 @@
-"""How far confirm runs ran from the speed their probes read: where `sim.speed.RUN_DECODE` came from.
+"""How far confirm runs ran from the speed their probes read: where `sim.cost.speed.RUN_DECODE` came from.
 
 For every run of the confirm reports named (pdsim's engine, probes timed in place), its own speed
 per kind (the median over its prefills, and over its steady decodes, of the calibration's price
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.costmodel import cost_model, load_profile
-from sim.log import EventLog
-from sim.residuals import call_kind, price_call
-from sim.speed import PROBE_WEIGHT
+from sim.cost.model import cost_model, load_profile
+from sim.engine.log import EventLog
+from sim.metrics.residuals import call_kind, price_call
+from sim.cost.speed import PROBE_WEIGHT
 
 
 def profile_of(report: Path, recorded: str) -> Path | None:

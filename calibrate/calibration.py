@@ -7,25 +7,25 @@ from itertools import zip_longest
 from pathlib import Path
 
 from calibrate.profile_paths import default_profile_path, stamp
-from calibrate.fit import HELD_OUT, fit_profile
-from calibrate.grid import Grid
-from calibrate.host import host_info
-from calibrate.model import LoadedModel, build_as_profiled, build_model, weights_bytes
-from calibrate.journal import Journal
-from calibrate.memory_fit import fit_memory, model_config
-from calibrate.profiler import merge, run_grid, typical_time
-from calibrate.speed_probe import PREFILLS, dear_page_seconds, reference_probes, timed_in_place, timed_speed
-from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
-from calibrate.worker import warmed_with
-from sim.costmodel import cost_model, load_profile
-from sim.log import EventLog
-from sim.speed import MachineSpeed
-from sim.memory import profile_kv_bytes
-from sim.state import EngineError
+from calibrate.fit.pdsim import HELD_OUT, fit_profile
+from calibrate.measure.grid import Grid
+from calibrate.host.machine import host_info
+from calibrate.engine.model import LoadedModel, build_as_profiled, build_model, weights_bytes
+from calibrate.measure.journal import Journal
+from calibrate.fit.memory import fit_memory, model_config
+from calibrate.measure.profiler import merge, run_grid, typical_time
+from calibrate.measure.speed_probe import PREFILLS, dear_page_seconds, reference_probes, timed_in_place, timed_speed
+from calibrate.measure.engine_runs import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
+from calibrate.measure.worker import warmed_with
+from sim.cost.model import cost_model, load_profile
+from sim.engine.log import EventLog
+from sim.cost.speed import MachineSpeed
+from sim.engine.memory import profile_kv_bytes
+from sim.engine.state import EngineError
 from traces.trace import Trace
-from sim.errors import UserError
-from sim.files import atomic_write_json, read_json_object
-from sim.outdir import file_sha256
+from sim.core.errors import UserError
+from sim.core.files import atomic_write_json, read_json_object
+from sim.core.outdir import file_sha256
 
 
 def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", quant_bits: int | None = None,
@@ -41,7 +41,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     if need > lm.max_context:
         raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
     loads = workloads(max(grid.batches), grid.longest_prompt(), lm.vocab_size)
-    # what the partial file's measurements are of: a resume of other work is refused (calibrate.journal)
+    # what the partial file's measurements are of: a resume of other work is refused (calibrate.measure.journal)
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
               "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine",
               "workloads": {part: [[w.name, w.trace.sha256(), w.setting] for w in ws] for part, ws in loads.items()}}
@@ -86,7 +86,7 @@ def write_profile(out: Path, lm: LoadedModel, quant_bits: int | None, host: dict
 
 
 class EngineRuns:
-    """The calibration's engine workloads (`calibrate.replay`), each run once, between the grid's
+    """The calibration's engine workloads (`calibrate.measure.engine_runs`), each run once, between the grid's
     rounds: the machine's speed drifts over minutes, and runs timed after the whole grid would
     see another machine than the grid did. A finished run's log is kept in the partial file, so
     an interrupted calibration does not run it again."""
@@ -114,7 +114,7 @@ class EngineRuns:
     def records(self) -> list[dict]:
         """Every workload's run (running any not run yet): its part (train, held_out), setting,
         trace, log and speed probe, as the profile keeps them (`engine_samples` derives the
-        samples again; a confirm times its probes against these, `calibrate.speed_probe`)."""
+        samples again; a confirm times its probes against these, `calibrate.measure.speed_probe`)."""
         self.run([w for ws in self.loads.values() for w in ws])
         shutil.rmtree(self.partial.with_name(self.partial.name + ".runs"), ignore_errors=True)
         return [{"name": w.name, "part": part, "setting": w.setting, "trace": w.trace.to_dict(),
@@ -227,7 +227,7 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
 
 def engine_samples(runs: list[dict]) -> list[dict]:
     """The calls of the calibration's engine runs as samples (held-out runs marked), their KV
-    buffers derived from the calls by today's state machine (`sim.relog`), so a refit of an
+    buffers derived from the calls by today's state machine (`sim.engine.relog`), so a refit of an
     older profile prices them by today's rules; each call's time at the calibration's speed
     (`run_speeds`: `speed` the factor applied, `measured` the time as timed)."""
     out, speeds = [], run_speeds(runs)
@@ -295,7 +295,7 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
 
 def check_grid(grid: Grid, model: str) -> None:
     """Before building anything: a grid the fit can use, within the model's context."""
-    from calibrate.model import QWEN3_CONFIGS
+    from calibrate.engine.model import QWEN3_CONFIGS
     for name in ("chunks", "offsets", "batches", "contexts"):
         if not getattr(grid, name):
             raise UserError(f"the grid has no {name}")

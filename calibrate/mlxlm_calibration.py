@@ -1,8 +1,8 @@
 """`pdsim calibrate --engine mlx-lm`: time mlx-lm BatchGenerator's calls, fit, write a profile.
 
 As pdsim's own calibration (`calibrate.calibration`): a grid of calls timed on their own path in
-shuffled rounds (`calibrate.mlxlm_profiler`), and short engine runs between the rounds, each in
-a fresh process after a warm-up, through the installed BatchGenerator itself (`calibrate.batchgen`):
+shuffled rounds (`calibrate.measure.mlxlm_profiler`), and short engine runs between the rounds, each in
+a fresh process after a warm-up, through the installed BatchGenerator itself (`calibrate.engine.batchgen`):
 two fitted (spread arrivals with prompts longer than the step; all at t=0 with staggered
 outputs, so rows join and leave the generation batch at many sizes) and two held out, never
 fitted, whose calls the fitted model prices by kind. The profile prices mlx-lm's calls only
@@ -15,17 +15,17 @@ import time
 from pathlib import Path
 
 from calibrate.calibration import EngineRuns, engine_samples, refuse_existing, write_profile
-from calibrate.grid import MlxLmGrid
-from calibrate.journal import Journal
-from calibrate.host import host_info
-from calibrate.mlxlm_batches import installed_version
-from calibrate.mlxlm_fit import fit_mlx_lm, iteration_of
-from calibrate.mlxlm_profiler import MlxLmProfiler
-from calibrate.model import build_model
-from calibrate.profiler import run_grid
-from calibrate.replay import Workload, between_calls_share, relogged
+from calibrate.measure.grid import MlxLmGrid
+from calibrate.measure.journal import Journal
+from calibrate.host.machine import host_info
+from calibrate.engine.mlxlm_batches import installed_version
+from calibrate.fit.mlxlm import fit_mlx_lm, iteration_of
+from calibrate.measure.mlxlm_profiler import MlxLmProfiler
+from calibrate.engine.model import build_model
+from calibrate.measure.profiler import run_grid
+from calibrate.measure.engine_runs import Workload, between_calls_share, relogged
 from policies.mlxlm import check_version
-from sim.errors import UserError
+from sim.core.errors import UserError
 from traces.generators import fixed, poisson
 from traces.trace import Trace
 
@@ -66,7 +66,7 @@ def calibrate_mlx_lm(model: str, grid: MlxLmGrid, out: Path, dtype: str = "float
         raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
     longest = max(max(p) for p in grid.prompts)
     loads = workloads(min(longest + longest // 4, 160), lm.vocab_size)
-    # what the partial file's measurements are of: a resume of other work is refused (calibrate.journal)
+    # what the partial file's measurements are of: a resume of other work is refused (calibrate.measure.journal)
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source, "device": host["id"],
               "grid": grid.to_dict(), "seed": seed, "layout": "mlx-lm rounds+engine", "mlx_lm": version,
               "workloads": {part: [[w.name, w.trace.sha256(), w.setting] for w in ws] for part, ws in loads.items()}}

@@ -9,14 +9,14 @@ from policies.chunked import Chunked, eager
 from policies.fifo import Fifo
 from policies.mlxlm import MODELLED, MlxLm
 from policies.queue import DEFAULT_AGING_S, QUEUES
-from sim.errors import InputError
-from sim.memory import parse_kv_limit
+from sim.core.errors import InputError
+from sim.engine.memory import parse_kv_limit
 
 
 class PolicyInfo(NamedTuple):
     """A policy's one-line description, its factory (from the options and the run's cost model), and
     the options its loop reads: the others
-    do not change what it runs (`sim.settings` gives them one fixed value, so fifo at batch size 4
+    do not change what it runs (`policies.settings` gives them one fixed value, so fifo at batch size 4
     and at 8 is one setting, swept once)."""
     doc: str
     build: Callable[[Options, object], Policy] | None

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from policies.queue import DEFAULT_AGING_S, QUEUES, QueueOrder
-from sim.memory import KVLimit
-from sim.state import EngineState
-from sim.work import Decode, Work
+from sim.engine.memory import KVLimit
+from sim.engine.state import EngineState
+from sim.engine.work import Decode, Work
 
 
 class PolicyError(ValueError):
@@ -44,7 +44,7 @@ class Options:
     order: str = "chunk-first"  # "chunk-first" (tiny-llm) or "decode-first" (meTile chunked)
     idle_budget: str = "budget"  # "whole": the whole prompt when no request is decoding (`policies.budget`)
     # the KV cache every request's together may hold (None: no limit); the engine state enforces it
-    # (`sim.kvlimit`), a policy only asks `state.fits` before it admits a request to prefill
+    # (`sim.engine.kvlimit`), a policy only asks `state.fits` before it admits a request to prefill
     kv_limit: KVLimit | None = None
     queue: str = "fcfs"  # which waiting prompt starts next: "fcfs", "sjf", "priority" (`policies.queue`)
     aging_s: float = DEFAULT_AGING_S  # sjf, priority: a request waiting longer is served first, oldest first

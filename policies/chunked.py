@@ -23,16 +23,16 @@ from typing import ClassVar
 
 from policies.base import Options, PolicyError
 from policies.budget import largest_fitting
-from sim.state import EngineState, RequestState
+from sim.engine.state import EngineState, RequestState
 from sim.steady import host_seconds, iteration_seconds
-from sim.work import Prefill, Work
+from sim.engine.work import Prefill, Work
 
 
 @dataclass
 class Chunked:
     opts: Options = field(default_factory=lambda: Options(budget=128))
     name: str = "chunked"
-    cost: object | None = None  # the cost model an `auto:MS` budget prices chunks with (`sim.costmodel`)
+    cost: object | None = None  # the cost model an `auto:MS` budget prices chunks with (`sim.cost.model`)
     steady: ClassVar[bool] = True
 
     @property

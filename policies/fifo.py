@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from policies.base import Options
-from sim.state import EngineState
-from sim.work import Prefill, Work
+from sim.engine.state import EngineState
+from sim.engine.work import Prefill, Work
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Fifo:
     def schedule(self, state: EngineState) -> list[Work]:
         if state.ready:  # the one request in service is decoding
             return self.opts.decodes([next(iter(state.ready))])
-        s = self.queue_order.next(state)  # alone, every request fits a KV limit (`sim.state.check_kv_fit`)
+        s = self.queue_order.next(state)  # alone, every request fits a KV limit (`sim.engine.state.check_kv_fit`)
         if s is not None:
             return [Prefill(s.rid, min(s.prefill_left, self.opts.budget or s.prefill_left))]
         return []

@@ -4,7 +4,7 @@ Every command lives in `sim/commands/` and calls library functions; no library m
 the CLI. The commands that run MLX (they import `calibrate` inside `run`, so `sim` itself never
 imports MLX) set `NEEDS_MLX = True`, which switches to an optimized BLAS before MLX is imported.
 
-Errors a user can cause (`sim.errors.user_errors`: bad input, missing files, mismatched profiles)
+Errors a user can cause (`sim.core.errors.user_errors`: bad input, missing files, mismatched profiles)
 print one line and exit 2; anything else is a bug and shows its traceback. Ctrl-C exits 130
 after whatever was measured has been saved, at any moment: also while the parser and the
 command's modules are still being imported (this module imports nothing heavy at its top, so
@@ -17,7 +17,7 @@ import importlib
 import os
 import sys
 
-from sim.errors import user_errors
+from sim.core.errors import user_errors
 
 COMMANDS = {
     "simulate": "sim.commands.simulate",
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         command = f"pdsim {args.command}"
         module = importlib.import_module(COMMANDS[args.command])
         if getattr(module, "NEEDS_MLX", False):
-            from calibrate.blas import ensure_fast_blas
+            from calibrate.host.blas import ensure_fast_blas
             ensure_fast_blas(argv)
         return module.run(args)
     except KeyboardInterrupt:

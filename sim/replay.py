@@ -10,11 +10,11 @@ from typing import Callable
 import simpy
 
 from policies.base import Policy
-from sim.costmodel import CostModel, ProfileError
-from sim.heap import Heap
-from sim.kvlimit import kv_limit_of, next_work
-from sim.log import EventLog
-from sim.state import EngineError, EngineState
+from sim.cost.model import CostModel, ProfileError
+from sim.engine.heap import Heap
+from sim.engine.kvlimit import kv_limit_of, next_work
+from sim.engine.log import EventLog
+from sim.engine.state import EngineError, EngineState
 from sim.steady import call_costs, steady_steps, steady_times, stretch_end
 from traces.trace import Trace
 
@@ -29,11 +29,11 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
     call's cost) and SimPy advances with it. `steady=False` turns off the bulk pricing of steady
     stretches (`sim.steady`), for checking that it changes nothing. `warmup`: a trace the same
     process served first (a confirm run's warm-up), whose KV arrays the allocator then reuses.
-    `log`: where the run is logged (`sim.scored_log.ScoredLog` scores a long run in bounded memory).
-    `noise`: a factor for every call's time (`sim.noise.CallNoise.sampler`); it turns the steady
+    `log`: where the run is logged (`sim.metrics.scored_log.ScoredLog` scores a long run in bounded memory).
+    `noise`: a factor for every call's time (`sim.cost.noise.CallNoise.sampler`); it turns the steady
     stretches off, since every call then takes its own time.
     The cost model's memory model, if its profile has one, predicts the run's peak memory
-    (`sim.memory`, the log's `peak_memory`).
+    (`sim.engine.memory`, the log's `peak_memory`).
     """
     if engine_of(policy) == "pdsim" and not getattr(cost, "pdsim_forms", True):
         raise ProfileError(f"the profile prices mlx-lm's BatchGenerator only (`pdsim calibrate --engine mlx-lm`); "
@@ -51,7 +51,7 @@ def engine_of(policy: Policy) -> str:
 
 
 def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> Heap:
-    """The process's heap after serving `warmup`, every cache dropped (`sim.kvcache`)."""
+    """The process's heap after serving `warmup`, every cache dropped (`sim.engine.kvcache`)."""
     state = EngineState(warmup, kv_limit=kv_limit_of(policy, getattr(cost, "kv_bytes", None),
                                                      getattr(cost, "kv_capacity", None)))
     _serve(state, policy, cost, True)

@@ -15,20 +15,20 @@ from __future__ import annotations
 from bisect import bisect_left
 from itertools import accumulate, chain
 
-from sim.costmodel import CostModel
-from sim.kvcache import write
-from sim.residuals import price
-from sim.state import EngineState
-from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
+from sim.cost.model import CostModel
+from sim.engine.kvcache import write
+from sim.metrics.residuals import price
+from sim.engine.state import EngineState
+from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 
 
 def call_costs(cost: CostModel, state: EngineState, work: Work, rows=None) -> tuple[float, float]:
     """Seconds that `work` takes on the modelled engine, from the shapes the state gives it, priced
-    as its logged calls would be (`sim.residuals.price`): the batch cache's rebuild first (0 unless
+    as its logged calls would be (`sim.metrics.residuals.price`): the batch cache's rebuild first (0 unless
     requests join or leave it), then the call itself. `rows`: `state.kv_rows(work)`, if known."""
     try:
         if isinstance(work, JoinPrompt):
-            return 0.0, 0.0  # no model call (`sim.work.JoinPrompt`)
+            return 0.0, 0.0  # no model call (`sim.engine.work.JoinPrompt`)
         (sync_written, sync_fresh), (written, fresh) = rows or state.kv_rows(work)
         if isinstance(work, BatchPrefill):
             contexts = [state.queued[r].prefilled for r, _ in work.rows]
@@ -63,7 +63,7 @@ def iteration_seconds(cost: CostModel, state: EngineState, work: list[Work], hos
     candidate chunks with it (`policies.budget`), so a chunk the simulator runs costs what the
     policy predicted. Calls that allocate no array and complete no prompt change nothing another
     call's price reads (a chunk writes its own cache, a decode the batch's; an array, even in
-    freed memory, moves where the next one lands: `sim.heap`), so each is
+    freed memory, moves where the next one lands: `sim.engine.heap`), so each is
     priced on the state as it is, once (`memo`: prices by call, for the candidates of one
     iteration); otherwise the iteration is followed on a scratch copy (`EngineState.what_if`)."""
     memo = {} if memo is None else memo
@@ -93,7 +93,7 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
 
     The stretch ends with the iteration in which the first of its requests emits its last token,
     and before the chunk that would complete a prompt (the policy may then do something else), or
-    before a KV buffer would grow after the first iteration (`sim.kvcache`: that call copies).
+    before a KV buffer would grow after the first iteration (`sim.engine.kvcache`: that call copies).
     At most one batched decode, on the batch cache's rows as they are, and no request twice.
     """
     if not getattr(policy, "steady", False) or sum(isinstance(w, Decode) and w.batched for w in work) > 1:
@@ -124,7 +124,7 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
                 n = min([n] + [_fits(state.kv.own.get(r, 0), state.ready[r].context - 1, 1) for r in w.rids])
             seen.update(w.rids)
         steps = n if steps is None else min(steps, n)
-    if steps and state.kv_limit is not None:  # the iterations whose tokens fit the KV limit (`sim.kvlimit`)
+    if steps and state.kv_limit is not None:  # the iterations whose tokens fit the KV limit (`sim.engine.kvlimit`)
         grows = state.kv_after(work) - state.kv_used
         if grows:
             steps = min(steps, (state.kv_limit - state.kv_used) // grows)

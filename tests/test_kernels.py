@@ -9,14 +9,14 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from calibrate.kernels import (  # noqa: E402
+from calibrate.engine.kernels import (  # noqa: E402
     DecodeBatch,
     causal_mask,
     decode_one,
     new_cache,
     prefill_chunk,
 )
-from calibrate.model import QWEN3_CONFIGS, ModelError, build_model  # noqa: E402
+from calibrate.engine.model import QWEN3_CONFIGS, ModelError, build_model  # noqa: E402
 
 CHUNK = 16
 
@@ -212,13 +212,13 @@ def test_quantized_4bit_prefill():
 def test_gate_tolerance_follows_the_devices_float32_products(lm):
     """The gate holds FP32's tolerance where float32 products are float32 (this CPU), and a chunked
     prefill that computed something else fails it whatever the tolerance."""
-    from calibrate.gate import RTOL, TF32_ERROR, TF32_TOL, chunked_logits_match, matmul_rel_error, tolerance
+    from calibrate.engine.gate import RTOL, TF32_ERROR, TF32_TOL, chunked_logits_match, matmul_rel_error, tolerance
     err = matmul_rel_error()
     assert 0 < err < TF32_ERROR and tolerance() == RTOL
     ok = chunked_logits_match(lm, prompt(21), 8, tolerance())
     assert ok["ok"] and ok["tolerance"] == RTOL and ok["max_abs_diff"] < RTOL
     # chunks run on a cache that already holds 5 tokens (a wrong offset) fail even TF32's tolerance
-    import calibrate.gate as gate
+    import calibrate.engine.gate as gate
     real, made = gate.new_cache, []
 
     def second_shifted(lm_):  # the one-shot prefill's cache is clean, the chunked one's is not

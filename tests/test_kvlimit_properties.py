@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import policies
-from sim.costmodel import LinearCostModel
-from sim.metrics import score
+from sim.cost.model import LinearCostModel
+from sim.metrics.scoring import score
 from sim.replay import simulate
-from sim.relog import relog
-from sim.state import EngineState, KVLimitError
+from sim.engine.relog import relog
+from sim.engine.state import EngineState, KVLimitError
 from traces.trace import Request, Trace
 
 PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.build is not None]

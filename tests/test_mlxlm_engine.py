@@ -2,14 +2,14 @@
 KV model follows its caches, and both real engines give the same tokens.
 
 A change in mlx-lm's behaviour (another admission rule, another split, another padding) fails
-here: the installed `mlx_lm.generate.BatchGenerator` itself is driven (`calibrate.batchgen`)."""
+here: the installed `mlx_lm.generate.BatchGenerator` itself is driven (`calibrate.engine.batchgen`)."""
 import pytest
 
 import policies
-from calibrate.batchgen import run_batch_generator
-from calibrate.executor import RealEngine
-from calibrate.model import build_model
-from sim.costmodel import LinearCostModel
+from calibrate.engine.batchgen import run_batch_generator
+from calibrate.engine.executor import RealEngine
+from calibrate.engine.model import build_model
+from sim.cost.model import LinearCostModel
 from sim.replay import simulate
 from traces.generators import fixed, poisson, tinyllm
 from traces.trace import Request, Trace
@@ -137,7 +137,7 @@ def test_batch_generators_calls_count_their_own_page_faults(lm):
     which map nothing of the kind, fewer."""
     from dataclasses import replace
 
-    from calibrate.speed_probe import allocation_seconds
+    from calibrate.measure.speed_probe import allocation_seconds
 
     class FaultingPrompts:
         """The model, but a prompt call (more than one token a row) maps 8 MiB first."""

@@ -7,10 +7,10 @@ from hypothesis import given, settings, strategies as st
 
 import policies
 from policies.mlxlm import MlxLm, check_version, server_command
-from sim.costmodel import LinearCostModel
-from sim.metrics import score
+from sim.cost.model import LinearCostModel
+from sim.metrics.scoring import score
 from sim.replay import simulate
-from sim.relog import relog
+from sim.engine.relog import relog
 from traces.trace import Request, Trace
 
 

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import policies
-from sim.costmodel import Curve, GridCostModel, LinearCostModel
-from sim.log import EventLog
-from sim.metrics import inter_token_gaps
-from sim.noise import CallNoise
+from sim.cost.model import Curve, GridCostModel, LinearCostModel
+from sim.engine.log import EventLog
+from sim.metrics.scoring import inter_token_gaps
+from sim.cost.noise import CallNoise
 from sim.replay import simulate
-from sim.state import EngineState
+from sim.engine.state import EngineState
 from traces.trace import Request, Trace
 
 
@@ -50,7 +50,7 @@ costs = st.builds(
     st.one_of(st.none(), st.floats(0, 2e-6)))  # a lone request's slope
 
 
-# call noise (`sim.noise`): None, or quantiles of a factor and a seed
+# call noise (`sim.cost.noise`): None, or quantiles of a factor and a seed
 noises = st.one_of(st.none(), st.tuples(st.lists(st.floats(0.5, 2.0), min_size=2, max_size=6).map(sorted),
                                         st.integers(0, 2**31)))
 
@@ -204,7 +204,7 @@ def test_kv_buffers_written_fresh_and_priced(reqs, setting):
 @given(traces(), settings_, costs)
 def test_resumption_summary_is_the_pairwise_definition(trace, setting, cost):
     """The resumption gaps `score` reports for every trace size equal the quadratic definition."""
-    from sim.metrics import resumption_gaps, resumption_summary
+    from sim.metrics.scoring import resumption_gaps, resumption_summary
     log = simulate(trace, policies.make(**setting), cost)
     gaps = [g for _, _, g in resumption_gaps(log)]
     top, mean = resumption_summary(log)
@@ -217,9 +217,9 @@ def test_resumption_summary_is_the_pairwise_definition(trace, setting, cost):
 @settings(max_examples=100, deadline=None)
 @given(traces(), settings_, costs)
 def test_a_completed_setting_runs_what_the_raw_one_runs(trace, raw, cost):
-    """`sim.settings` gives options a policy does not read one fixed value (fifo: batch size and
+    """`policies.settings` gives options a policy does not read one fixed value (fifo: batch size and
     order): the completed setting runs exactly the same work, so merging such settings loses nothing."""
-    from sim.settings import setting
+    from policies.settings import setting
     raw = dict(raw, budget=None) if raw["policy"] == "fifo" else raw  # fifo prefills whole prompts
     full = setting(raw)
     assert simulate(trace, policies.make(**full), cost).to_dict() == simulate(trace, policies.make(**raw), cost).to_dict()

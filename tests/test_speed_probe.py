@@ -3,16 +3,16 @@ seen by them, and the prediction follows it (the one at the calibration's speed 
 import pytest
 
 import policies
-from calibrate.confirm import compare, probed_speed
-from calibrate.speed_probe import SETTING, probe_speed, probe_trace, reference_probes, timed_speed
-from calibrate.worker import warmup_trace
-from sim.costmodel import BUILTIN, LinearCostModel, cost_model, load_profile
-from sim.metrics import score
+from calibrate.confirm.protocol import compare, probed_speed
+from calibrate.measure.speed_probe import SETTING, probe_speed, probe_trace, reference_probes, timed_speed
+from calibrate.measure.worker import warmup_trace
+from sim.cost.model import BUILTIN, LinearCostModel, cost_model, load_profile
+from sim.metrics.scoring import score
 from sim.predict import replays
 from sim.replay import simulate
-from sim.settings import setting_label
-from sim.speed import PROBE_WEIGHT, RUN_DECODE, MachineSpeed
-from sim.log import EventLog
+from policies.settings import setting_label
+from sim.cost.speed import PROBE_WEIGHT, RUN_DECODE, MachineSpeed
+from sim.engine.log import EventLog
 from traces.generators import tinyllm
 
 SLOW = 1.25  # every call of the "measured" runs takes 1.25x its price: a machine at 0.8x its calibration's speed
@@ -254,7 +254,7 @@ def test_the_fresh_memory_probe_maps_new_pages_and_gives_them_back():
     and unmaps them: probing twenty times leaves the process no larger than one probe would."""
     import resource
     from pathlib import Path
-    from calibrate.speed_probe import ALLOC_BYTES, allocation_seconds
+    from calibrate.measure.speed_probe import ALLOC_BYTES, allocation_seconds
     if not Path("/proc/self/statm").exists():
         pytest.skip("reads the resident size from Linux's /proc")
     rss = lambda: int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()  # noqa: E731
@@ -272,8 +272,8 @@ def test_a_probes_pages_stay_mapped_until_the_run_it_brackets_is_over():
     pay a fraction of a cold fault (stop 42). Two probes hold two mappings; `result` gives both back."""
     import resource
     from pathlib import Path
-    from calibrate.model import build_model
-    from calibrate.speed_probe import ALLOC_BYTES, Probe
+    from calibrate.engine.model import build_model
+    from calibrate.measure.speed_probe import ALLOC_BYTES, Probe
     if not Path("/proc/self/statm").exists():
         pytest.skip("reads the resident size from Linux's /proc")
     rss = lambda: int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()  # noqa: E731

@@ -28,7 +28,7 @@ from typing import TextIO
 
 import numpy as np
 
-from sim.inputs import JSONInputError, loads, not_text, open_text
+from sim.core.inputs import JSONInputError, loads, not_text, open_text
 from traces import schema
 from traces.generators import gamma_gaps
 from traces.trace import Request, TraceError, json_objects

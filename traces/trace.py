@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from sim.files import atomic_write_text
-from sim.inputs import JSONInputError, loads, not_text, open_text
+from sim.core.files import atomic_write_text
+from sim.core.inputs import JSONInputError, loads, not_text, open_text
 from traces import schema
 
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import policies
 from policies.budget import is_adaptive
-from sim.memory import NO_MEMORY_NOTE
-from sim.costmodel import BUILTIN, check_profile_matches, cost_model, load_profile
-from sim.errors import InputError
-from sim.kvlimit import check_kv_limits  # noqa: F401 (the commands' check, with the others here)
-from sim.memory import parse_kv_limit
-from sim.metrics import Slo, parse_slo
-from sim.settings import MLX_LM_DEFAULTS, grid_settings, unique
+from sim.engine.memory import NO_MEMORY_NOTE
+from sim.cost.model import BUILTIN, check_profile_matches, cost_model, load_profile
+from sim.core.errors import InputError
+from sim.engine.kvlimit import check_kv_limits  # noqa: F401 (the commands' check, with the others here)
+from sim.engine.memory import parse_kv_limit
+from sim.metrics.scoring import Slo, parse_slo
+from policies.settings import MLX_LM_DEFAULTS, grid_settings, unique
 from traces.generators import BURSTINESS_HELP, GENERATORS, MAX_REQUESTS, MAX_WITH_IDS
 from traces.classes import parse_class_slo, with_class_targets
 from traces.load import accepted_options, resolve
@@ -253,7 +253,7 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
 
 
 def kv_limit_arg(text: str) -> int | str | None:
-    """An argparse type: a KV limit (`sim.memory.parse_kv_limit`), as a setting holds it."""
+    """An argparse type: a KV limit (`sim.engine.memory.parse_kv_limit`), as a setting holds it."""
     try:
         limit = parse_kv_limit(text)
     except InputError as e:
@@ -261,14 +261,14 @@ def kv_limit_arg(text: str) -> int | str | None:
     return None if limit is None else limit.tokens or str(limit)
 
 
-# the grid's options, in `sim.settings.grid_settings`' order
+# the grid's options, in `policies.settings.grid_settings`' order
 GRID_KEYS = ("budget", "batch_size", "decode", "order", "queue", "aging_s", *MLX_LM_DEFAULTS, "idle_budget",
-             "kv_limit")  # in `sim.settings.grid_settings`'s order
+             "kv_limit")  # in `policies.settings.grid_settings`'s order
 
 
 def settings_from_args(args: argparse.Namespace) -> list[dict]:
     """The settings the arguments name: explicit `--setting`s, or the grid of the policy options;
-    complete, and each once (`sim.settings.unique`: eager and fifo prefill whole prompts, so budgets
+    complete, and each once (`policies.settings.unique`: eager and fifo prefill whole prompts, so budgets
     do not multiply them, fifo decodes one request at a time, so batch sizes do not either, and
     mlx-lm reads only its own three options, mlx_lm.server's flags, which no other policy reads)."""
     as_list = lambda v: v if isinstance(v, list) else [v]

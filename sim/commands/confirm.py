@@ -11,7 +11,7 @@ from sim.predict import REPLICAS
 NEEDS_MLX = True
 SPEED_SPREAD = 0.10  # runs' speeds further apart than this: the machine, not the model
 MEMORY_SLOW = 0.75  # fresh memory slower than this against the calibration: a call that faults pages in runs long
-# how a confirm's probes were read (`calibrate.confirm.probed_speed`'s `method`)
+# how a confirm's probes were read (`calibrate.confirm.protocol.probed_speed`'s `method`)
 PROBE_METHODS = {"positional": "each timed against the calibration's probes in the same place",
                  "priced": "priced by the profile", "timed": "timed against the calibration's probes"}
 
@@ -51,9 +51,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from calibrate.confirm import confirm, rescore
-    from sim.costmodel import load_profile
-    from sim.files import read_json_object
+    from calibrate.confirm.protocol import confirm, rescore
+    from sim.cost.model import load_profile
+    from sim.core.files import read_json_object
     prof = load_profile(args.profile)
     if args.rescore:
         report = rescore(read_json_object(args.rescore, "confirm report"), prof, Path(args.out), args.stall_ms,
@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_report(report: dict, out: str, tolerance: float | None) -> int:
-    from sim.paths import summary as paths_summary
-    from sim.table import fmt, table
+    from sim.metrics.decisions import summary as paths_summary
+    from sim.core.table import fmt, table
     print(f"gate: chunked logits match one-shot (rtol=atol=1e-3): "
           f"{all(g['ok'] for g in report['gate']['logits'])}; identical greedy tokens across settings: "
           f"{report['gate']['greedy_tokens_identical']} (timed runs: {report['gate']['timed_runs_identical_tokens']})")
@@ -107,7 +107,7 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
             print(f"machine speed against the calibration, prefill/decode (speed probes before and after each run, "
                   f"{how}): " + " ".join(f"r{p['repeat']} {p['prefill']:.2f}/{p['decode']:.2f}" for p in runs)
                   + f"; probes' median {speed['prefill']:.2f}/{speed['decode']:.2f}"
-                  + (f", predicted at {at['prefill']:.2f}/{at['decode']:.2f} (partway: sim.speed.PROBE_WEIGHT)"
+                  + (f", predicted at {at['prefill']:.2f}/{at['decode']:.2f} (partway: sim.cost.speed.PROBE_WEIGHT)"
                      if (at := res["machine_speed"].get("predicted_at")) else "")
                   + (f"; a single decode's growth faults at {at['page']:.2f}x the calibration's dear page "
                      f"(the probes' dearest reading: speed_probe.page_price)" if at and "page" in at else "")
@@ -145,7 +145,7 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                         + (["fresh_rows", "faulted_rows", "fresh_rows_error"] if rows else []),
                         ["call kind", "calls", "pred/meas (median)", "p10..p90", "median |err|"]
                         + (["faulted >1 MiB", "their pred/meas"] if faults else [])
-                        + (["fresh rows (sim.heap)", "rows faulted", "sum |diff|"] if rows else [])))
+                        + (["fresh rows (sim.engine.heap)", "rows faulted", "sum |diff|"] if rows else [])))
     print(f"\nwrote {out}" + (f" ({report['wall_s']:.0f} s)" if "rescored_from" not in report else
                               f" (rescored {report['rescored_from']} with {report['profile']['path']})"))
     if tolerance and worst > tolerance:

@@ -8,12 +8,12 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from sim import metric_registry as registry
-from sim.log import EventLog
-from sim.metrics import decode_gaps
-from sim.report.inputs import LogSeries, ReportError
+from sim.metrics import registry
+from sim.engine.log import EventLog
+from sim.metrics.scoring import decode_gaps
+from sim.report.sources import LogSeries, ReportError
 from policies.budget import auto_target
-from sim.settings import KEYS, variant_label
+from policies.settings import KEYS, variant_label
 
 
 def budget_label(b) -> str:
@@ -40,7 +40,7 @@ def group_name(row) -> str:
 
 
 def pick_marks(picks) -> tuple[set, set]:
-    """(picked, front) as (group name, label) pairs, from `sim.pick.Pick`s or their JSON form."""
+    """(picked, front) as (group name, label) pairs, from `sim.sweep.pick.Pick`s or their JSON form."""
     picked, front = set(), set()
     for pk in picks:
         if isinstance(pk, dict):
@@ -215,7 +215,7 @@ def call_frame(doc: dict) -> pd.DataFrame:
 
 def path_frame(doc: dict) -> pd.DataFrame:
     """For each measured run of every confirmed setting: the replays that took its path, and where
-    the replay at typical times parted from it (`sim.paths`); empty for a report written before
+    the replay at typical times parted from it (`sim.metrics.decisions`); empty for a report written before
     confirm compared paths."""
     rows = []
     for r in doc["results"]:

@@ -1,0 +1,604 @@
+"""Fit the cost model to measured step times, and say how well it predicts points it has not seen.
+
+The forms (sim/cost/model.py) are linear in their coefficients: dense(n) is a curve through one
+value per measured size (a hat-function basis), plus the attention terms. The fit is a
+non-negative least squares on relative error (relative to the prediction, see `_nnls`), so a 5 ms
+decode counts as much as a 5 s prefill. The batch cache's rebuilds (sync calls, timed apart in
+the engine runs) are fitted first and price the KV token-rows every other call writes.
+Errors are reported two ways: on a seeded quarter of the points per step held out from one fit,
+and by 4-fold cross-validation (every point held out once; a steadier figure than a handful of
+points); both hold points out stratified by measured size. Each step uses interpolation over the
+grid instead of the form where that predicts the engine runs' calls better (`_choose`).
+"""
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from scipy.optimize import least_squares, lsq_linear
+
+from sim.core.errors import InputError
+from sim.cost.noise import measure as measure_noise
+from sim.metrics.residuals import summarize
+from sim.cost.model import (DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel, call_copies, is_gather,
+                           is_step_growth)
+
+TARGET = 0.05
+FOLDS = 4  # cross-validation: every point held out once, predicted by a fit of the other three quarters
+
+
+TILES = (0, 8, 16, 32)  # prefill tile candidates (0: none), chosen by cross-validation
+TILE_MARGIN = 0.005  # a tile must cut the cross-validated error by half a point to beat the plain curve
+
+
+def _size(step: str, s: dict) -> int:
+    """What the dense layers' cost depends on: rows through the weights (a sync: the batch's rows)."""
+    return s["chunk"] if step == "prefill" else s["batch"]
+
+
+def _single(s: dict) -> bool:
+    """A decode on the request's own cache (older samples say `batched`: False for batch 1)."""
+    return bool(s.get("single", not s.get("batched", True)))
+
+
+def _attention(step: str, s: dict, knot: float, lone: bool) -> list[float]:
+    """The physical terms besides dense(n): prefill c*L*(P + L/2) and d*P; decode
+    batch*(c*min(x, knot) + e*max(0, x - knot)) for the longest context x, and with `lone`, a
+    single decode its own slope (one column, zero for batches)."""
+    if step == "prefill":
+        return [s["chunk"] * (s["prefix"] + s["chunk"] / 2), s["prefix"]]
+    x, b = _context_max(s), s["batch"]
+    if lone and _single(s):
+        return [0.0] * (2 if knot < np.inf else 1) + [x]
+    rows = [b * min(x, knot), b * max(0.0, x - knot)] if knot < np.inf else [b * x]
+    return rows + [0.0] if lone else rows
+
+
+def _remainder(L: int, tile: int) -> list[float]:
+    """A chunk's rows beyond its last whole tile run slower kernels: [any at all, how many, and
+    the chunk's rows if any] (`sim.cost.model.remainder_cost`)."""
+    r = L % tile if tile else 0
+    return [float(r > 0), float(r), float(L) * (r > 0)] if tile else []
+
+
+def _knots(sizes: list[int], tile: int) -> list[int]:
+    """Sizes the dense curve passes through: every measured size, or with a tile only the
+    multiples of it (and the ends), so the remainder terms carry what is unaligned."""
+    if not tile:
+        return sizes
+    return sorted({s for s in sizes if s % tile == 0} | {sizes[0], sizes[-1]})
+
+
+def knot_of(samples: list[dict]) -> float:
+    """Where a decode row's attention may change slope: the middle of the measured longest
+    contexts, when the grid measures a stretch at least half as long beyond it (a slope fitted
+    over less would be noise, and it prices every longer context); otherwise none (one slope)."""
+    xs = sorted({round(_context_max(s)) for s in samples if not _single(s) and "source" not in s})  # the grid's
+    mid = xs[len(xs) // 2] if len(xs) >= 3 else np.inf
+    return float(mid) if xs and xs[-1] >= 1.5 * mid else np.inf
+
+
+@dataclass(frozen=True)
+class Copies:
+    """What rebuilding KV buffers costs: seconds per token-row written (by a leave's gather, at
+    its own price: `sim.cost.model.is_gather`) and, more, per fresh one; a constant per sync in
+    which requests join (leave) the batch cache."""
+    copy: float = 0.0
+    fresh: float = 0.0
+    join: float = 0.0
+    leave: float = 0.0
+    gather: float | None = None  # None: a gather costs `copy` (fits without sync samples)
+    fresh_step: float | None = None  # per fresh row of a step's own growth (None: `fresh`)
+    grow: float | None = None  # per row a decode's own growth writes (None: `copy`)
+    grow_single: float | None = None  # per row a single decode's own growth writes (None: `grow`)
+
+    def of(self, s: dict) -> float:
+        return (_kv(self, s)
+                + self.join * (s.get("joined", 0) > 0) + self.leave * (s.get("left", 0) > 0))
+
+
+@dataclass
+class Form:
+    """A fitted form: coef [a, b, c, d] for prefill and [a, b, c(, e)] for decode, a = b = 0 since
+    the measured dense curve replaces a + b*n; the decode knot (inf: one slope), single slope,
+    the prefill tile and remainder, and the KV copies' prices (`Copies`)."""
+    step: str
+    coef: list[float]
+    dense: list[list[float]]
+    knot: float = np.inf
+    lone: float | None = None  # single decode: seconds per context token (None: as a batch row)
+    tile: int = 0
+    rem: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    copies: Copies = Copies()
+
+    def model(self) -> LinearCostModel:
+        curve, k = Curve.from_pairs(self.dense), self.copies
+        if self.step == "prefill":
+            return LinearCostModel(tuple(self.coef), (0.0, 0.0, 0.0), prefill_dense=curve, prefill_tile=self.tile,
+                                   prefill_rem=tuple(self.rem), copy=k.copy, fresh=k.fresh, gather=k.gather,
+                                   fresh_step=k.fresh_step, grow=k.grow, grow_single=k.grow_single)
+        return LinearCostModel((0.0, 0.0, 0.0, 0.0), tuple(self.coef), decode_dense=curve, decode_knot=self.knot,
+                               decode_lone=self.lone, copy=k.copy, fresh=k.fresh, gather=k.gather,
+                               fresh_step=k.fresh_step, grow=k.grow, grow_single=k.grow_single,
+                               join=(k.join, 0.0, 0.0),
+                               leave=(k.leave, 0.0, 0.0))
+
+
+def _gather(s: dict) -> bool:
+    return is_gather(s["step"], s.get("joined", 0), s.get("left", 0))
+
+
+def _step_growth(s: dict) -> bool:
+    return is_step_growth(s["step"], s.get("joined", 0), s.get("left", 0))
+
+
+def _single_growth(s: dict) -> bool:
+    return s["step"] == "decode" and bool(s.get("written")) and _single(s) and _step_growth(s)
+
+
+def _kv(prices, s: dict) -> float:
+    """A sample's KV copies at `prices` (a cost model or `Copies`)."""
+    return call_copies(prices, s["step"], s.get("joined", 0), s.get("left", 0), s.get("written", 0), s.get("fresh", 0),
+                       _single(s))
+
+
+def _copy_terms(s: dict, gather: bool = False) -> list[float]:
+    """written (but a gather's), fresh, joined, left[, a gather's written]."""
+    w, g = s.get("written", 0), gather and _gather(s)
+    terms = [0 if g else w, s.get("fresh", 0), float(s.get("joined", 0) > 0), float(s.get("left", 0) > 0)]
+    return terms + [w if g else 0] if gather else terms
+
+
+def _nnls(X: np.ndarray, y: np.ndarray, y_fit: np.ndarray, rounds: int = 4) -> np.ndarray:
+    """Non-negative least squares on relative error, the error relative to the prediction (each
+    row divided by the fitted time, refitted a few times from the measured one): dividing by the
+    measured time instead favours the calls that ran fast, and fits noisy costs low (KV copies,
+    whose page faults vary 30%: 14-17% low). A term no sample exercises stays 0."""
+    used = np.abs(X).sum(axis=0) > 0
+    x = np.zeros(X.shape[1])
+    if not used.any():
+        return x
+    scale = y
+    for _ in range(rounds):
+        x[used] = lsq_linear(X[:, used] / scale[:, None], y_fit / scale, bounds=(0, np.inf)).x
+        scale = np.maximum(X @ x + (y - y_fit), 0.1 * y)  # the predicted time (known terms included), kept > 0
+    return x
+
+
+def fit_copies(samples: list[dict]) -> Copies:
+    """The price of the batch cache's rebuilds, from sync calls timed on their own: per token-row
+    written and fresh, a constant per join and per leave, and per token-row a leave's gather
+    writes (0 where no sync only left: then a gather costs `copy`).
+
+    A robust fit (soft L1 on the log of predicted/measured, from the least-squares one): a sync
+    that stalled (a leave of 2,660 rows at 502 ms where its neighbours ran 14-32 us a row) would
+    otherwise set the price of every row. The log weighs a price 2x too high as much as one 2x too
+    low; an error relative to either time alone is bounded on one side, and a fit to it priced
+    this machine's leaves 8x what they ran.
+
+    That fit is of the syncs that wrote no fresh rows (where there are a few), and a fresh row's
+    price is then the median, over the syncs that wrote fresh rows, of each one's time beyond its
+    price without them, per fresh row (as `fit_fresh_step`): what a fresh row costs scatters 2-5x
+    from join to join (137-581 us in one calibration here), and one fit of all syncs leaned on the
+    large joins, which write thousands of fresh rows cheaply: 372 us a fresh row where the median
+    join paid 419 and confirm runs' fresh joins 450-650, and 53 us a warm row where the confirm
+    runs' joins without fresh rows copied 23-35 (stop 29)."""
+    warm = [s for s in samples if not s.get("fresh")]
+    base = warm if len(warm) >= 4 else samples
+    X = np.array([_copy_terms(s, gather=True) for s in base])
+    y = np.array([s["seconds"] for s in base])
+    x = _nnls(X, y, y)
+    used = np.abs(X).sum(axis=0) > 0
+    if used.sum() < len(base):
+        log_ratio = lambda v: np.log(np.maximum(X[:, used] @ v, 1e-3 * y) / y)
+        x[used] = least_squares(log_ratio, x[used], bounds=(0, np.inf), loss="soft_l1", f_scale=0.1,
+                                x_scale="jac").x
+    copy, fresh, join, leave, gather = map(float, x)
+    copies = Copies(copy, fresh, join, leave, gather if used[4] else None)
+    dear = [s for s in samples if s.get("fresh")]
+    if dear:
+        copies = replace(copies, fresh=fresh_row_price(dear, copies))
+    return copies
+
+
+def fresh_row_price(dear: list[dict], copies: Copies) -> float:
+    """Seconds a sync's fresh token-row costs beyond its copy, from the syncs that wrote some.
+    Where they counted their page faults, two medians: faults per fresh row, times what a fault
+    cost (each sync's time beyond its price without fresh rows, per fault). Else the median of
+    that time per fresh row.
+
+    Why two: a fresh row costs what its faults cost, and the two scatter apart. In stop 38's
+    rounds a calibration's fresh syncs faulted 8-45 pages a row and paid 1.6-15 us a fault, but
+    the medians held at 28-30 faults a row and 10-11 us a fault in all six calibrations, as in
+    their confirm runs (33 a row, 10-11 us each). The median of the ratio lands wherever the
+    cheap syncs fall: 183 us a row in one calibration where the others gave 273-315."""
+    beyond = [(s["seconds"] - copies.of(dict(s, fresh=0)), s) for s in dear]
+    if len(dear) >= 3 and all(s.get("faults") for s in dear):
+        per_row = statistics.median(s["faults"] / s["fresh"] for s in dear)
+        price = per_row * statistics.median(b / s["faults"] for b, s in beyond)
+    else:
+        price = statistics.median(b / s["fresh"] for b, s in beyond)
+    return max(0.0, float(price))
+
+
+def fit_fresh_step(samples: list[dict], forms: dict[str, Form],
+                   page: float | None = None) -> tuple[float | None, float | None]:
+    """Per fresh token-row of a prefill's or decode's own growth (None without any such steps),
+    with the part of it that is page faults (None where not priced by faults). With `page` (a
+    fault the host backs, `speed_probe.dear_page_seconds`) and steps that counted their faults:
+    the median faults per fresh row over the faulted steps, at `page` each, as a single decode's
+    growth (`fit_grow_single`); the row's copy is `grow`. Else the median over such steps of their
+    time beyond their price without fresh memory, per fresh row.
+
+    Why by faults: a calibration serves two or three such steps, and they meet cheap or dear
+    faults by chance. In stop 41's round both calibrations priced a fresh row of a growth at 90
+    and 192 us, and the tunes' confirm runs' growths (120 fresh rows, 74-87 faulted) paid 13-16 us
+    a faulted page: fifo's max ITL, which such a growth sets, came out 11-15% low. Their faults
+    per fresh row were steadier: 15-52 pages over the calibrations' decode growths, 34-41 in the
+    confirm runs. A prefill's growth has no say where a decode's counted faults: its faults count
+    its activations too (95 pages a fresh row). A join's fresh rows cost 4-5x a growth's by the
+    time-beyond median, so one price for both over-priced every growth (stop 30)."""
+    decodes = [s for s in samples if s["step"] == "decode" and s.get("faults") and s.get("fresh")]  # not a prefill's
+    faults = _faults_per(decodes or samples, "fresh", page)
+    if faults is not None:
+        return faults, faults
+    return _median_beyond(samples, forms, "fresh", ("fresh",)), None
+
+
+def fit_grow(samples: list[dict], forms: dict[str, Form]) -> float | None:
+    """Per token-row a decode's own buffer growth writes, in memory used before: the median over
+    such decodes of their time beyond their price without copies, per row (None without any).
+    The step pays it inside its graph, layer by layer, and it cost about twice a sync's row here:
+    a median 91-118 us over three rounds' calibrations and confirm runs, where the syncs priced
+    44-57 (stop 30)."""
+    return _median_beyond(samples, forms, "written", ("written", "fresh"))
+
+
+def fit_grow_single(samples: list[dict], forms: dict[str, Form],
+                    page: float | None = None) -> tuple[float | None, float | None]:
+    """Per token-row a single decode's own growth writes (a request's own cache, fresh memory or
+    not). With `page`, the price of a page fault the host backs (`speed_probe.dear_page_seconds`),
+    and samples that counted their faults: a row's copy (`grow`) plus the median faults per row
+    written over the faulted samples, at `page` each. Such a growth costs what its faults cost, 2.5-4 us
+    or 10-22 us each (by whether the guest or the host backed them), and the two or three
+    growths a calibration serves met either by chance: 62 us a row in one of round 8's
+    calibrations and 272 in the other, where its confirm runs' worst growths paid 275-555
+    (HISTORY, stop 36). Without them: the median over such decodes of their time beyond their
+    price without copies, per row (None without any samples). Returned with the part of it that
+    is page faults (None where it is not priced by faults): a confirm prices that part at the
+    fault price its probes read (`sim.cost.speed.MachineSpeed.page`)."""
+    faults = _faults_per(samples, "written", page)
+    if faults is not None:
+        k = forms["decode"].copies
+        return (k.copy if k.grow is None else k.grow) + faults, faults
+    return _median_beyond(samples, forms, "written", ("written", "fresh")), None
+
+
+def _faults_per(samples: list[dict], per: str, page: float | None) -> float | None:
+    """The median page faults per unit of `per` over the samples that counted some, at `page`
+    seconds each (None without `page` or such samples): a growth's faults at the dear price."""
+    faulted = [s for s in samples if s.get("faults") and s.get(per)]
+    if page is None or not faulted:
+        return None
+    return statistics.median(s["faults"] / s[per] for s in faulted) * page
+
+
+def _median_beyond(samples: list[dict], forms: dict[str, Form], per: str, unpriced: tuple[str, ...]) -> float | None:
+    """The median over samples of their time beyond their price with the `unpriced` fields at 0,
+    per unit of `per` (>= 0; None without samples): a price that scatters 2-5x from call to call,
+    so the typical call's, not a fit's."""
+    if not samples:
+        return None
+    models = {step: form.model() for step, form in forms.items()}
+    beyond = [(s["seconds"] - _predict(models[s["step"]], s["step"], [dict(s, **dict.fromkeys(unpriced, 0))])[0])
+              / s[per] for s in samples]
+    return max(0.0, float(statistics.median(beyond)))
+
+
+def _priced(forms: dict[str, Form], **prices) -> dict[str, Form]:
+    """The forms with these copy prices set in the decode's and prefill's `Copies`."""
+    return {step: replace(f, copies=replace(f.copies, **prices)) if step in ("decode", "prefill") else f
+            for step, f in forms.items()}
+
+
+def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Copies | None = None) -> Form:
+    """Non-negative least squares on relative error, over a hat basis for dense(n), the attention
+    terms and (prefill) a tile's remainder. The KV copies' prices are known (`copies`, fitted on
+    the sync calls; a prefill's chunks write buffers only at 256-token steps, too rarely to tell
+    the terms apart) or, for decode samples from before syncs were timed apart, fitted with the
+    form (`copies` None)."""
+    if step == "sync":
+        return Form("sync", [0.0, 0.0, 0.0], [], copies=fit_copies(samples))
+    # knots at the grid's sizes (medians over rounds), not at an engine run's one-off call: a knot there
+    # would fit that one noisy timing and bend the curve's ends (an eager prompt of 208 tokens set the
+    # slope past 256 twice the one below; prompts of 271-331 were priced 1.15x)
+    sizes = grid_sizes([_size(step, s) for s in samples], samples)
+    if step == "prefill" and tile is None:
+        tile = pick_tile(samples, copies or Copies())
+    tile = tile or 0
+    knots = _knots(sizes, tile)
+    knot = knot_of(samples) if step == "decode" else np.inf
+    lone = step == "decode" and any(_single(s) for s in samples) and len(sizes) > 1
+    hats = [Curve(tuple(knots), tuple(float(i == k) for i in range(len(knots)))) for k in range(len(knots))]
+    if step == "prefill":
+        extra = lambda s: _remainder(s["chunk"], tile)
+    else:
+        extra = (lambda s: []) if copies is not None else _copy_terms
+    X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s, knot, lone) + extra(s) for s in samples])
+    y = np.array([s["seconds"] for s in samples])
+    known = copies or Copies()
+    x = _nnls(X, y, y - np.array([known.of(s) for s in samples]))
+    dense = [[float(n), float(v)] for n, v in zip(knots, x)]
+    n_att = len(_attention(step, samples[0], knot, lone))
+    att = [float(c) for c in x[len(knots):len(knots) + n_att]]
+    more = [float(c) for c in x[len(knots) + n_att:]]
+    if step == "prefill":
+        return Form(step, [0.0, 0.0] + att, dense, tile=tile, rem=more or [0.0, 0.0, 0.0], copies=known)
+    return Form(step, [0.0, 0.0] + att[:len(att) - lone], dense, knot, att[-1] if lone else None,
+                copies=copies if copies is not None else Copies(*more))
+
+
+def pick_tile(samples: list[dict], copies: Copies = Copies()) -> int:
+    """The prefill tile whose form cross-validates best (0: a plain curve through every size),
+    when it beats the plain curve by a margin: with a few unaligned lengths two tiles can tie."""
+    folds = _folds([s["chunk"] for s in samples], random.Random("tile"))
+    return best_tile(lambda t: _held_out_errors("prefill", samples, folds, tile=t, copies=copies)[0])
+
+
+def best_tile(errors) -> int:
+    """Of `TILES`, the one whose cross-validated errors (`errors(tile)`, an array) are lowest on
+    average, if it beats no tile by `TILE_MARGIN`; else 0."""
+    errs = {t: float(errors(t).mean()) for t in TILES}
+    best = min(errs, key=errs.get)
+    return best if errs[0] - errs[best] > TILE_MARGIN else 0
+
+
+def grid_sizes(sizes: list[int], samples: list[dict]) -> list[int]:
+    """The sizes a dense curve's knots sit at: the grid's points' (medians over rounds), not an
+    engine run's one-off call's; every size where no sample is the grid's (`sizes[i]` is
+    `samples[i]`'s)."""
+    grid = {n for n, s in zip(sizes, samples) if "source" not in s}
+    return sorted(grid or set(sizes))
+
+
+def _grid_points(step: str, samples: list[dict]) -> np.ndarray:
+    """(size, prefix or longest context, seconds) of the grid's points (medians over rounds), not
+    the engine runs' single timings; decodes without singles."""
+    grid = [s for s in samples if "source" not in s]
+    if step == "prefill":
+        return np.array([[s["chunk"], s["prefix"], s["seconds"]] for s in grid], float)
+    plain = [s for s in grid if not _single(s)]
+    return np.array([[s["batch"], _context_max(s), s["seconds"]] for s in plain], float)
+
+
+def _rel_errors(pred: np.ndarray, samples: list[dict]) -> np.ndarray:
+    y = np.array([s["seconds"] for s in samples])
+    return np.abs(pred - y) / y
+
+
+def _predict(model, step: str, samples: list[dict]) -> np.ndarray:
+    """Each sample priced from its shape, its KV copies and batch changes included."""
+    copy = np.array([_kv(model, s) for s in samples])
+    if step == "prefill":
+        return copy + np.array([model.prefill(s["chunk"], s["prefix"]) for s in samples])
+    member = np.array([model.membership(s.get("joined", 0), s.get("left", 0), _contexts(s)) for s in samples])
+    if step == "sync":
+        return copy + member
+    return copy + member + np.array([model.decode(_contexts(s), _single(s)) for s in samples])
+
+
+def _contexts(s: dict) -> list[float]:
+    """A batch with the sample's size and longest context: what the decode form depends on (a
+    single decode of several requests: each its own context)."""
+    if _single(s) and "contexts" in s:
+        return list(s["contexts"])
+    return [_context_max(s)] * s["batch"]
+
+
+def _context_max(s: dict) -> float:
+    return s["context_max"] if "context_max" in s else s["context_sum"] / s["batch"]
+
+
+HELD_OUT = "held-out:"  # the source of engine-run calls that are never fitted, only priced
+
+
+def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -> dict:
+    """The profile's `cost` and `fit` sections; marks held-out samples and fills in `fitted`.
+    Calls of held-out engine runs are not fitted: `fit.replay` prices them, by call kind.
+    `page`: seconds a page fault the host backs costs (`fit_grow_single`; None: not probed).
+
+    Syncs first (the batch cache's rebuilds, timed on their own in the engine runs): they price a
+    KV token-row written and fresh, which the decode and prefill fits then take as known.
+    Profiles from before syncs were timed apart fit those prices with the decode form."""
+    held_runs = [s for s in samples if s.get("source", "").startswith(HELD_OUT)]
+    samples = [s for s in samples if not s.get("source", "").startswith(HELD_OUT)]
+    by_step = {st: [s for s in samples if s["step"] == st] for st in ("sync", "decode", "prefill")}
+    if not by_step["sync"]:
+        del by_step["sync"]
+    # steps whose own growth met fresh memory, decodes whose own growth met none, and single
+    # decodes whose own cache grew price their rows apart (`fit_fresh_step`, `fit_grow`,
+    # `fit_grow_single`), not in their form
+    alone = [s for s in samples if "sync" in by_step and _single_growth(s)]
+    growth = [s for s in samples if "sync" in by_step and s.get("fresh") and _step_growth(s) and not _single_growth(s)]
+    warm = [s for s in samples if "sync" in by_step and s["step"] == "decode" and s.get("written")
+            and not s.get("fresh") and _step_growth(s) and not _single_growth(s)]
+    grown = {id(s) for s in growth + warm + alone}
+    for st in ("decode", "prefill"):
+        by_step[st] = [s for s in by_step[st] if id(s) not in grown]
+    forms, errors, uses, copies = {}, {}, {}, None
+    for step, pts in by_step.items():
+        if len(pts) < 4:
+            raise InputError(f"calibration has only {len(pts)} {step} points; need at least 4")
+        tile = pick_tile(pts, copies or Copies()) if step == "prefill" else None
+        sizes = [_size(step, p) for p in pts]
+        held = _folds(sizes, random.Random(f"{seed}/{step}"))[0]  # a quarter, every size represented
+        for i, p in enumerate(pts):
+            p["held_out"] = i in held
+        e_form, e_grid = _held_out_errors(step, pts, [held], tile, copies)
+        folds = _folds(sizes, random.Random(f"cv{seed}"))
+        cv_form, cv_grid = _held_out_errors(step, pts, folds, tile, copies)
+        errors[step] = {"held_out": len(held), "train": len(pts) - len(held),
+                        "form_mean": float(e_form.mean()), "form_max": float(e_form.max()),
+                        "cv_folds": FOLDS, "cv_form_mean": float(cv_form.mean()), "cv_form_max": float(cv_form.max()),
+                        "repeat_noise": repeat_noise(pts)}
+        if step != "sync":
+            order = [pts[i] for f in folds for i in sorted(f)]  # the samples in cv_form's order
+            uses[step] = _choose(order, cv_form, cv_grid)
+            errors[step].update({"grid_mean": float(e_grid.mean()), "grid_max": float(e_grid.max()),
+                                 "cv_grid_mean": float(cv_grid.mean()), "cv_grid_max": float(cv_grid.max()),
+                                 "use": uses[step], **({"tile": tile} if step == "prefill" else {})})
+        forms[step] = fit_form(step, pts, tile, copies)  # the final fit uses every point
+        copies = forms[step].copies
+    grow = fit_grow(warm, forms)
+    forms = _priced(forms, grow=grow)
+    fresh_step, fresh_step_faults = fit_fresh_step(growth, forms, page)  # beyond the rows' price at `grow`
+    forms = _priced(forms, fresh_step=fresh_step)
+    grow_single, grow_single_faults = fit_grow_single(alone, forms, page)
+    forms = _priced(forms, grow_single=grow_single)
+    for s in growth + warm + alone:
+        s["held_out"] = False  # fitted on their own, never held out
+    med = lambda st: statistics.median([s["seconds"] for s in samples if s["step"] == st] or [0.0])
+    pf, dc = forms["prefill"], forms["decode"]
+    cost = {
+        "use": "grid" if "grid" in uses.values() else "fit",  # read by older pdsim; the steps' `use` decide
+        "prefill": {"form": PREFILL_FORM, "coef": pf.coef, "dense": pf.dense, "use": uses["prefill"],
+                    **({"tile": pf.tile, "remainder": pf.rem} if pf.tile else {}),
+                    "grid": _grid_points("prefill", by_step["prefill"]).tolist()},
+        "decode": {"form": DECODE_FORM, "coef": dc.coef, "dense": dc.dense, "use": uses["decode"],
+                   **({"knot": dc.knot} if dc.knot < np.inf else {}),
+                   **({"lone": dc.lone} if dc.lone is not None else {}),
+                   "grid": _grid_points("decode", by_step["decode"]).tolist()},
+        "iteration": med("overhead"),
+        "copy": copies.copy,
+        "fresh": copies.fresh,
+        **({"gather": copies.gather} if copies.gather is not None else {}),
+        **({"fresh_step": fresh_step} if fresh_step is not None else {}),
+        **({"fresh_step_faults": fresh_step_faults} if fresh_step_faults is not None else {}),
+        **({"grow": grow} if grow is not None else {}),
+        **({"grow_single": grow_single} if grow_single is not None else {}),
+        **({"grow_single_faults": grow_single_faults} if grow_single_faults is not None else {}),
+        # syncs in which requests join or leave the batch cache, besides their copies (profiles before
+        # `copy` timed these as steps of their own: a + b*batch + c*batch*max(context))
+        "join": fit_copy([s for s in samples if s["step"] == "join"]) or [copies.join, 0.0, 0.0],
+        "leave": fit_copy([s for s in samples if s["step"] == "leave"]) or [copies.leave, 0.0, 0.0],
+    }
+    for step, pts in by_step.items():
+        pts = pts + [s for s in growth + warm + alone if s["step"] == step]
+        for p, f in zip(pts, _predict(forms[step].model(), step, pts)):
+            p["fitted"] = float(f)
+    fit = {"errors": errors, "target": TARGET, "uses": cost["use"], "speed_by_round": speed_by_round(samples),
+           **({"page_fault_s": page} if page is not None else {})}
+    fit |= noise_of(samples, fit["speed_by_round"])
+    if held_runs:
+        fit["replay"] = replay_errors(held_runs, forms)
+    return {"cost": cost, "fit": fit}
+
+
+ENGINE_CHOICE = 8  # engine-run samples needed to choose form or grid on them
+
+
+def _choose(samples: list[dict], cv_form: np.ndarray, cv_grid: np.ndarray) -> str:
+    """"grid" where interpolating predicts better than the form, each sample held out in turn:
+    judged on the calls the engine runs made (unaligned chunks, joins, growth), which the grid's
+    aligned points cannot show; profiles without engine runs judge on the grid's points, and
+    interpolate only where the form misses the target there."""
+    engine = np.array(["source" in s for s in samples])
+    if engine.sum() >= ENGINE_CHOICE:
+        return "grid" if cv_grid[engine].mean() < cv_form[engine].mean() else "fit"
+    form, grid = cv_form[~engine].mean(), cv_grid[~engine].mean()
+    return "grid" if form > TARGET and grid < form else "fit"
+
+
+def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:
+    """Calls of engine runs the fit has not seen, priced: predicted/measured by kind and size."""
+    models = {step: form.model() for step, form in forms.items()}
+    models.setdefault("sync", models["decode"])  # a profile without sync samples prices them as its decodes' copies
+    ratios = [(s["call"], s["bucket"], float(_predict(models[s["step"]], s["step"], [s])[0] / s["seconds"]))
+              for s in calls]
+    k = forms["decode"].copies
+    copy = sum(_kv(k, s) for s in calls)
+    return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
+            "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0), "speeds": replay_speeds(calls)}
+
+
+def replay_speeds(calls: list[dict]) -> dict[str, dict[str, float]]:
+    """Per engine run, the machine speed its calls' times were brought back from
+    (`calibrate.calibration.run_speeds`; 1.0: timed at the calibration's speed)."""
+    out: dict[str, dict[str, float]] = {}
+    for s in calls:
+        out.setdefault(s["source"].split(":", 1)[-1], {})["prefill" if s["step"] == "prefill" else "decode"] = \
+            float(s.get("speed", 1.0))
+    return out
+
+
+def _folds(sizes: list[int], rng: random.Random) -> list[set[int]]:
+    """`FOLDS` disjoint test sets covering every point once (k-fold cross-validation), stratified
+    by measured size: each size's points are dealt across the folds, so no fit loses most of a
+    size (with three lone decodes, two held out together left one to fix both its terms)."""
+    order = list(range(len(sizes)))
+    rng.shuffle(order)
+    order.sort(key=lambda i: sizes[i])  # stable: shuffled within a size
+    return [set(order[k::FOLDS]) for k in range(FOLDS)]
+
+
+def _held_out_errors(step: str, pts: list[dict], tests: list[set[int]], tile: int | None = None,
+                     copies: Copies | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Relative errors (form, grid interpolation) on each test set, each predicted by a fit of
+    the other points only (syncs have no grid: the form's errors twice)."""
+    e_form, e_grid = [], []
+    for held in tests:
+        train = [p for i, p in enumerate(pts) if i not in held]
+        test = [p for i, p in enumerate(pts) if i in held]
+        lin = fit_form(step, train, tile, copies).model()
+        e_form.append(_rel_errors(_predict(lin, step, test), test))
+        e_grid.append(e_form[-1] if step == "sync" else _rel_errors(_predict(_grid_model(step, lin, train), step, test), test))
+    return np.concatenate(e_form), np.concatenate(e_grid)
+
+
+def fit_copy(samples: list[dict]) -> list[float]:
+    """Batch-cache rebuild cost, a + b*batch + c*batch*max(context) (non-negative, weighted), from
+    the join and leave steps of profiles made before KV copies were priced; [] without any."""
+    if not samples:
+        return []
+    X = np.array([[1.0, s["batch"], s["batch"] * _context_max(s)] for s in samples])
+    y = np.array([s["seconds"] for s in samples])
+    w = 1.0 / np.maximum(y, 1e-3)  # extra times can be ~0 (noise): weigh them as 1 ms
+    res = lsq_linear(X * w[:, None], y * w, bounds=(0, np.inf))
+    for s, f in zip(samples, X @ res.x):
+        s["fitted"] = float(f)
+    return [float(c) for c in res.x]
+
+
+def noise_of(samples: list[dict], speeds: list[float]) -> dict:
+    """The calls' own noise (`sim.cost.noise`), for predicting tails: {"noise": ...}, or {} when the
+    grid repeated too few points to say."""
+    noise = measure_noise(samples, speeds)
+    return {"noise": noise.to_json()} if noise is not None else {}
+
+
+def speed_by_round(samples: list[dict]) -> list[float]:
+    """Each round's timings over their points' medians (the median ratio): how fast the machine
+    ran in that round. Rounds minutes apart differ by 10-20% on a shared VM; a calibration
+    predicts the machine's average speed over its rounds, and a later run on a faster or slower
+    machine misses by that much."""
+    by: dict[int, list[float]] = {}
+    for s in samples:
+        for r, t in enumerate(s.get("times", ())):
+            if s["seconds"] > 0:
+                by.setdefault(r, []).append(t / s["seconds"])
+    return [float(np.median(by[r])) for r in sorted(by)]
+
+
+def repeat_noise(samples: list[dict]) -> float:
+    """How far one timing lies from its point's median, on average (relative): the noise floor
+    that held-out errors should be read against."""
+    dev = [abs(t - s["seconds"]) / s["seconds"] for s in samples for t in s.get("times", ()) if s["seconds"] > 0]
+    return float(np.mean(dev)) if dev else 0.0
+
+
+def _grid_model(step: str, lin: LinearCostModel, train: list[dict]) -> GridCostModel:
+    pts = _grid_points(step, train)
+    dummy = np.array([[1, 0, 0], [2, 0, 0], [1, 1, 0]], float)
+    return GridCostModel(lin, pts if step == "prefill" else dummy, pts if step == "decode" else dummy)
