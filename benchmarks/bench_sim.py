@@ -8,7 +8,7 @@ import argparse
 import time
 
 import policies
-from sim.cost.model import BUILTIN, cost_model, load_profile
+from sim.cost.profile import BUILTIN, cost_model, load_profile
 from sim.metrics.scoring import score
 from sim.replay import simulate
 from traces.generators import poisson

@@ -13,7 +13,7 @@ import argparse
 import os
 import time
 
-from sim.cost.model import BUILTIN, load_profile
+from sim.cost.profile import BUILTIN, load_profile
 from policies.settings import grid_settings, setting_label
 from sim.sweep.run import Inputs, grid, run_points
 from traces.load import resolve

@@ -14,11 +14,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.cost.model import ProfileError, cost_model, load_profile  # noqa: E402
+from sim.cost.profile import cost_model, load_profile
+from sim.cost.schema import ProfileError  # noqa: E402
 from sim.core.errors import UserError  # noqa: E402
-from sim.core.files import read_json_object  # noqa: E402
+from sim.core.inputs import read_json_object  # noqa: E402
 from sim.engine.log import EventLog  # noqa: E402
-from sim.metrics.residuals import price  # noqa: E402
+from sim.cost.price import price  # noqa: E402
 
 
 def growths(name: str, log: EventLog, cost) -> None:

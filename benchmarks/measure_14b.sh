@@ -38,7 +38,7 @@ PDSIM="${PDSIM:-pdsim}"
 if [ -z "$TARGETS" ]; then
   TARGETS=$(python3 - "$PROFILE" <<'EOF'
 import sys
-from sim.cost.model import cost_model, load_profile
+from sim.cost.profile import cost_model, load_profile
 c = cost_model(load_profile(sys.argv[1]))
 step = c.decode([200] * 4)
 print(" ".join(f"{(step + c.prefill(n, 100)) * 1e3:.3g}" for n in (16, 64)))

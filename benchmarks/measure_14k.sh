@@ -46,7 +46,7 @@ import sys
 
 import policies
 from calibrate.measure.worker import warmup_trace
-from sim.cost.model import cost_model, load_profile
+from sim.cost.profile import cost_model, load_profile
 from sim.engine.log import EventLog
 from sim.replay import simulate
 from traces.trace import Trace

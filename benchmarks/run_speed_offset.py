@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.cost.model import cost_model, load_profile
+from sim.cost.profile import cost_model, load_profile
 from sim.engine.log import EventLog
 from sim.metrics.residuals import call_kind, price_call
 from sim.cost.speed import PROBE_WEIGHT

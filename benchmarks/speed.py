@@ -11,7 +11,7 @@ import gc
 import time
 
 import policies
-from sim.cost.model import BUILTIN, cost_model, load_profile
+from sim.cost.profile import BUILTIN, cost_model, load_profile
 from sim.metrics.scoring import score
 from sim.replay import simulate
 from policies.settings import setting_label

@@ -17,14 +17,15 @@ from calibrate.measure.profiler import merge, run_grid, typical_time
 from calibrate.measure.speed_probe import PREFILLS, dear_page_seconds, reference_probes, timed_in_place, timed_speed
 from calibrate.measure.engine_runs import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
 from calibrate.measure.worker import warmed_with
-from sim.cost.model import cost_model, load_profile
+from sim.cost.profile import cost_model, load_profile
 from sim.engine.log import EventLog
 from sim.cost.speed import MachineSpeed
 from sim.engine.memory import profile_kv_bytes
-from sim.engine.state import EngineError
+from sim.engine.work import EngineError
 from traces.trace import Trace
 from sim.core.errors import UserError
-from sim.core.files import atomic_write_json, read_json_object
+from sim.core.files import atomic_write_json
+from sim.core.inputs import read_json_object
 from sim.core.outdir import file_sha256
 
 

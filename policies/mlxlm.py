@@ -46,6 +46,9 @@ class MlxLm:
     # arrives or finishes (`sim.steady` prices such stretches at once); the others run one by one
     steady: ClassVar[bool] = True
     engine: ClassVar[str] = "mlx-lm"  # its calls are BatchGenerator's (`sim.engine.work`)
+    steady_chunks: ClassVar[bool] = True
+    queue_order: ClassVar[None] = None  # BatchGenerator admits waiting prompts in arrival order
+    kv_limit: ClassVar[None] = None  # and has no KV-cache limit
 
     def __post_init__(self) -> None:
         for key in DEFAULTS:

@@ -31,7 +31,8 @@ import math
 import weakref
 from dataclasses import dataclass, field
 
-from sim.engine.state import EngineState, RequestState
+from sim.engine.requests import RequestState
+from sim.engine.state import EngineState
 
 QUEUES = ("fcfs", "sjf", "priority")
 DEFAULT_AGING_S = 30.0

@@ -15,15 +15,12 @@ from typing import Iterable, Mapping
 import policies
 from policies import PolicyError
 from policies.budget import check_idle_budget, is_adaptive, parse_budget
-from policies.mlxlm import DEFAULTS as MLX_LM_SERVER_DEFAULTS
-from policies.queue import DEFAULT_AGING_S
+from policies.mlxlm import DEFAULTS as MLX_LM_DEFAULTS
+from policies.options import DEFAULTS
 from sim.core.errors import InputError
 from sim.engine.memory import parse_kv_limit
 
-DEFAULTS = {"budget": None, "batch_size": 4, "decode": "batched", "order": "chunk-first", "idle_budget": "budget",
-            "kv_limit": None, "queue": "fcfs", "aging_s": DEFAULT_AGING_S}
-# mlx-lm's own options (mlx_lm.server's flags), with the server's defaults; no other policy reads them
-MLX_LM_DEFAULTS = dict(MLX_LM_SERVER_DEFAULTS)
+DEFAULT_AGING_S = DEFAULTS["aging_s"]
 # the value an option takes in a policy that does not read it
 UNUSED = {"budget": None, "batch_size": 1, "decode": "batched", "order": "chunk-first", "idle_budget": "budget",
           "queue": "fcfs", "aging_s": DEFAULT_AGING_S,
@@ -39,17 +36,17 @@ PDSIM_KEYS = ("budget", "batch_size", "decode", "order")  # in every pdsim setti
 class Setting:
     """A policy and its options; unread options normalized, the whole checked by `policies.make`."""
     policy: str
-    budget: int | str | None = None  # tokens, None (whole prompts) or "auto:MS" (`policies.budget`)
-    batch_size: int = 4
-    decode: str = "batched"
-    order: str = "chunk-first"
-    kv_limit: int | str | None = None  # tokens, or an amount of memory ("2GB"): `sim.engine.memory.parse_kv_limit`
-    queue: str = "fcfs"
+    budget: int | str | None = DEFAULTS["budget"]  # tokens, None (whole prompts) or "auto:MS" (`policies.budget`)
+    batch_size: int = DEFAULTS["batch_size"]
+    decode: str = DEFAULTS["decode"]
+    order: str = DEFAULTS["order"]
+    kv_limit: int | str | None = DEFAULTS["kv_limit"]  # tokens, or an amount of memory ("2GB"): `parse_kv_limit`
+    queue: str = DEFAULTS["queue"]
     aging_s: float = DEFAULT_AGING_S  # read by sjf and priority only: fcfs takes the default
-    prefill_step: int | None = None
+    prefill_step: int | None = None  # mlx-lm's three: None takes `MLX_LM_DEFAULTS`
     prompt_concurrency: int | None = None
     decode_concurrency: int | None = None
-    idle_budget: str = "budget"
+    idle_budget: str = DEFAULTS["idle_budget"]
 
     def __post_init__(self) -> None:
         if isinstance(self.budget, str):  # "auto:40.0" is auto:40; "32" (a table cell) is 32

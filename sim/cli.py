@@ -4,7 +4,7 @@ Every command lives in `sim/commands/` and calls library functions; no library m
 the CLI. The commands that run MLX (they import `calibrate` inside `run`, so `sim` itself never
 imports MLX) set `NEEDS_MLX = True`, which switches to an optimized BLAS before MLX is imported.
 
-Errors a user can cause (`sim.core.errors.user_errors`: bad input, missing files, mismatched profiles)
+Errors a user can cause (`sim.core.errors.UserError`: bad input, missing files, mismatched profiles)
 print one line and exit 2; anything else is a bug and shows its traceback. Ctrl-C exits 130
 after whatever was measured has been saved, at any moment: also while the parser and the
 command's modules are still being imported (this module imports nothing heavy at its top, so
@@ -17,7 +17,7 @@ import importlib
 import os
 import sys
 
-from sim.core.errors import user_errors
+from sim.core.errors import UserError
 
 COMMANDS = {
     "simulate": "sim.commands.simulate",
@@ -50,9 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    command, errors = "pdsim", ()
+    command = "pdsim"
     try:
-        errors = user_errors()  # imports every layer's error classes: inside the try, as all imports here
         parser = build_parser()
         args = parser.parse_args(argv)
         command = f"pdsim {args.command}"
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except errors as e:  # (the tuple is read when an exception is matched, so it is the one set above)
+    except UserError as e:
         print(f"{command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -10,11 +10,12 @@ import policies
 from cli_checks import refused
 from policies import PolicyError
 from policies.budget import auto_target, largest_fitting, parse_budget
-from sim.cost.model import BUILTIN, LinearCostModel, cost_model, load_profile
+from sim.cost.model import LinearCostModel
+from sim.cost.profile import BUILTIN, cost_model, load_profile
 from sim.replay import simulate
 from policies.settings import Setting, grid_settings, setting, setting_label
 from sim.engine.state import EngineState
-from sim.steady import host_seconds, iteration_seconds
+from sim.cost.price import host_seconds, iteration_seconds
 from sim.engine.work import Prefill
 from traces.trace import Request, Trace
 
@@ -113,8 +114,8 @@ class Watched:
     seen: list
 
     def __post_init__(self):
-        self.name, self.steady = self.inner.name, self.inner.steady
-        self.steady_chunks = getattr(self.inner, "steady_chunks", True)
+        for attr in ("name", "engine", "steady", "steady_chunks", "queue_order", "kv_limit"):  # `Policy`'s
+            setattr(self, attr, getattr(self.inner, attr))
 
     def schedule(self, state: EngineState):
         work = self.inner.schedule(state)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import policies
-from sim.cost.model import BUILTIN, cost_model, load_profile
+from sim.cost.profile import BUILTIN, cost_model, load_profile
 from sim.metrics.logfile import read_log, write_log
 from sim.metrics.scoring import score
 from sim.metrics.quantiles import Distribution

@@ -18,7 +18,8 @@ from calibrate.engine.kernels import DecodeBatch
 from calibrate.measure.speed_probe import SETTING
 from calibrate.measure.worker import warmup_trace
 from calibrate.measure.profiler import ONCE, batch_cache, master_cache, run_grid, sliced, typical_time
-from sim.cost.model import LinearCostModel, cost_model, load_profile
+from sim.cost.model import LinearCostModel
+from sim.cost.profile import cost_model, load_profile
 from sim.core.errors import UserError
 from sim.cost.noise import MIN_CALLS, POINTS
 from sim.replay import simulate

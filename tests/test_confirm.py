@@ -12,7 +12,7 @@ import policies
 from calibrate.calibration import calibrate
 from calibrate.measure.grid import TINY
 from calibrate.measure.worker import warmup_trace
-from sim.cost.model import cost_model, load_profile
+from sim.cost.profile import cost_model, load_profile
 from sim.engine.log import EventLog
 from sim.metrics.scoring import score
 from sim.cost.noise import MIN_CALLS

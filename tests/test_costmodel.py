@@ -10,8 +10,12 @@ from hypothesis import given, strategies as st
 
 from calibrate.fit.pdsim import fit_copies, fit_form, fit_profile
 from calibrate.measure.speed_probe import ALLOC_METHOD, dear_page_seconds, page_price
-from sim.cost.model import BUILTIN, Curve, LinearCostModel, ProfileError, cost_model, is_gather, kv_copies, load_profile
-from sim.metrics.residuals import price
+from sim.cost.copies import is_gather, kv_copies
+from sim.cost.curve import Curve
+from sim.cost.model import LinearCostModel
+from sim.cost.profile import BUILTIN, cost_model, load_profile
+from sim.cost.schema import ProfileError
+from sim.cost.price import price
 from sim.cost.speed import MachineSpeed
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import policies
 from cli_checks import refused
-from sim.cost.model import BUILTIN, cost_model
+from sim.cost.profile import BUILTIN, cost_model
 from sim.engine.kvlimit import kv_limit_of
 from sim.engine.memory import DEVICE_SHARE, device_kv_tokens, profile_kv_bytes
 from sim.metrics.scoring import score

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
-from sim.cost.model import BUILTIN, load_profile
+from sim.cost.profile import BUILTIN, load_profile
 from sim.core.errors import UserError
 from sim.core.files import ExistsError, OutputError, atomic_write_json, check_output
 from traces.generators import tinyllm

@@ -9,7 +9,7 @@ import pytest
 import policies
 from cli_checks import refused
 from sim.cli import main
-from sim.cost.model import BUILTIN
+from sim.cost.profile import BUILTIN
 from sim.engine.memory import KVLimit, kv_bytes_per_token, parse_kv_limit, profile_kv_bytes
 from policies.settings import Setting, grid_settings, unique
 

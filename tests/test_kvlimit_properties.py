@@ -11,10 +11,11 @@ from sim.cost.model import LinearCostModel
 from sim.metrics.scoring import score
 from sim.replay import simulate
 from sim.engine.relog import relog
-from sim.engine.state import EngineState, KVLimitError
+from sim.engine.kvlimit import KVLimitError
+from sim.engine.state import EngineState
 from traces.trace import Request, Trace
 
-PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.build is not None]
+PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.engine == "pdsim"]
 
 
 @st.composite

@@ -13,7 +13,8 @@ import policies
 from calibrate.engine.executor import RealEngine
 from calibrate.measure.grid import TINY
 from calibrate.engine.model import build_model
-from sim.cost.model import BUILTIN, LinearCostModel, cost_model, load_profile
+from sim.cost.model import LinearCostModel
+from sim.cost.profile import BUILTIN, cost_model, load_profile
 from sim.engine.memory import GB, MemoryModel, kv_bytes_per_token, memory_model
 from sim.metrics.scoring import score
 from sim.replay import simulate

@@ -9,7 +9,7 @@ import pytest
 from calibrate.measure.grid import MLX_TINY
 from calibrate.mlxlm_calibration import calibrate_mlx_lm
 from calibrate.measure.engine_runs import relogged
-from sim.cost.model import cost_model, load_profile
+from sim.cost.profile import cost_model, load_profile
 from sim.metrics.residuals import residual_table
 from traces.trace import Trace
 

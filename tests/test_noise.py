@@ -5,7 +5,8 @@ import math
 import pytest
 
 import policies
-from sim.cost.model import BUILTIN, ProfileError, cost_model, load_profile
+from sim.cost.profile import BUILTIN, cost_model, load_profile
+from sim.cost.schema import ProfileError
 from sim.metrics.scoring import score
 from sim.cost.noise import MIN_CALLS, POINTS, CallNoise, measure
 from sim.predict import predict

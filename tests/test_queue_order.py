@@ -19,7 +19,7 @@ from traces.trace import Request, Trace, TraceError
 
 from test_sim_properties import costs
 
-PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.build is not None]
+PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.engine == "pdsim"]
 
 
 @st.composite

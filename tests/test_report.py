@@ -13,7 +13,7 @@ import pytest
 
 import policies
 from sim.cli import main
-from sim.cost.model import BUILTIN, cost_model, load_profile
+from sim.cost.profile import BUILTIN, cost_model, load_profile
 from sim.engine.log import EventLog
 from sim.metrics.scoring import score
 from sim.replay import simulate

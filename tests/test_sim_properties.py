@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import policies
-from sim.cost.model import Curve, GridCostModel, LinearCostModel
+from sim.cost.curve import Curve
+from sim.cost.model import GridCostModel, LinearCostModel
 from sim.engine.log import EventLog
 from sim.metrics.scoring import inter_token_gaps
 from sim.cost.noise import CallNoise
@@ -30,7 +31,7 @@ def traces(draw):
 
 # pdsim's own loops; mlx-lm's BatchGenerator makes other calls (several prompts per call), and its
 # invariants are tests/test_mlxlm_sim.py's
-PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.build is not None]
+PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.engine == "pdsim"]
 settings_ = st.fixed_dictionaries({
     "policy": st.sampled_from(PDSIM_POLICIES),
     "budget": st.integers(1, 256),
@@ -85,8 +86,10 @@ def test_invariants(trace, setting, cost, noise):
             assert c.start >= reqs[rid].arrival
             assert c.prefix == covered[rid]
             covered[rid] += c.tokens
-            if setting["policy"] != "eager":
+            if setting["policy"] == "chunked":
                 assert c.tokens <= setting["budget"]
+            else:  # fifo and eager prefill whole prompts
+                assert c.prefix == 0 and c.tokens == reqs[rid].prompt_len
             if covered[rid] == reqs[rid].prompt_len:
                 done_prefill[rid] = c.end
     for r in trace.requests:
@@ -220,6 +223,5 @@ def test_a_completed_setting_runs_what_the_raw_one_runs(trace, raw, cost):
     """`policies.settings` gives options a policy does not read one fixed value (fifo: batch size and
     order): the completed setting runs exactly the same work, so merging such settings loses nothing."""
     from policies.settings import setting
-    raw = dict(raw, budget=None) if raw["policy"] == "fifo" else raw  # fifo prefills whole prompts
     full = setting(raw)
     assert simulate(trace, policies.make(**full), cost).to_dict() == simulate(trace, policies.make(**raw), cost).to_dict()

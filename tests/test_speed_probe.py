@@ -6,7 +6,8 @@ import policies
 from calibrate.confirm.protocol import compare, probed_speed
 from calibrate.measure.speed_probe import SETTING, probe_speed, probe_trace, reference_probes, timed_speed
 from calibrate.measure.worker import warmup_trace
-from sim.cost.model import BUILTIN, LinearCostModel, cost_model, load_profile
+from sim.cost.model import LinearCostModel
+from sim.cost.profile import BUILTIN, cost_model, load_profile
 from sim.metrics.scoring import score
 from sim.predict import replays
 from sim.replay import simulate

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.cli import main
-from sim.cost.model import BUILTIN, load_profile
+from sim.cost.profile import BUILTIN, load_profile
 from sim.sweep.pick import (Constraint, Objective, PickError, check_names, feasible, pareto_front, parse_constraint,
                       parse_objective, pick, rank, split_slo)
 from sim.metrics.registry import NAMES

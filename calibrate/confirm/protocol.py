@@ -28,7 +28,8 @@ from calibrate.measure.speed_probe import (SETTING, memory_speed, page_price, po
                                    reference_probes, timed_speed)
 from calibrate.confirm.runs import RunsFolder, finished_run, model_spec, runs_manifest
 from calibrate.measure.worker import RunFailed, run_fresh, warmed_with, warmup_of, warmup_trace
-from sim.cost.model import CostModel, check_profile_matches, cost_model
+from sim.cost.model import CostModel
+from sim.cost.profile import check_profile_matches, cost_model
 from sim.core.errors import UserError
 from sim.core.files import atomic_write_json, check_output, jsonable
 from sim.engine.log import EventLog
@@ -40,7 +41,7 @@ from sim.cost.noise import CallNoise
 from sim.metrics.decisions import paths_of
 from sim.predict import REPLICAS, classes_of, metrics_of, replays
 from sim.metrics.residuals import call_ratios, residual_table
-from sim.engine.state import EngineError
+from sim.engine.work import EngineError
 from policies.settings import setting, setting_label
 from sim.cost.speed import RUN_DECODE, MachineSpeed
 from traces.trace import Trace, load_jsonl
@@ -69,7 +70,7 @@ def check_inputs(prof: dict, trace: Trace, out: Path, host: dict, force: bool, s
         warnings += check_version(installed_version(), any_mlx_lm)
         if any(r.prefilled for r in trace.requests):
             raise UserError("the mlx-lm policy cannot serve requests prefilled before the clock (the trace has some)")
-    if len(mlx) < len(settings) and not getattr(cost_model(prof), "pdsim_forms", True):
+    if len(mlx) < len(settings) and not cost_model(prof).pdsim_forms:
         raise UserError(f"profile {prof.get('_path')} prices mlx-lm's BatchGenerator only; settings of pdsim's "
                         "policies need a calibration of pdsim's engine (pdsim calibrate without --engine)")
     if mlx and prof.get("engine", "pdsim") != "mlx-lm":

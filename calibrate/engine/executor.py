@@ -25,7 +25,9 @@ from sim.engine.heap import Heap
 from sim.engine.kvlimit import kv_limit_of, next_work
 from sim.engine.log import EventLog
 from sim.engine.memory import kv_bytes_per_token
-from sim.engine.state import EngineError, EngineState, Freed
+from sim.engine.requests import Freed
+from sim.engine.state import EngineState
+from sim.engine.work import EngineError
 from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 from traces.trace import Request, Trace
 
@@ -74,7 +76,7 @@ class RealEngine:
         state = EngineState(trace, self.heap, kv_limit=limit)
         self.caches, self.batch = {}, DecodeBatch(self.lm)
         self.mlx = None
-        if getattr(policy, "engine", "pdsim") == "mlx-lm":
+        if policy.engine == "mlx-lm":
             from calibrate.engine.mlxlm_batches import MlxLmBatches
             self.mlx = MlxLmBatches(self.lm, policy.prefill_step)
         self.prompts = {r.id: prompt_tokens(r, self.lm.vocab_size) for r in trace.requests}

@@ -1,4 +1,4 @@
-"""Fit mlx-lm BatchGenerator's cost forms (`sim.cost.model.MlxLmCosts`) and say how well they predict.
+"""Fit mlx-lm BatchGenerator's cost forms (`sim.cost.mlxlm.MlxLmCosts`) and say how well they predict.
 
 Two steps, as in `calibrate.fit.pdsim`: the generation batch's calls first (steps, first forwards and
 joins, the joins' and the engine runs' KV copies: a token-row written and a fresh one are priced
@@ -16,7 +16,9 @@ import numpy as np
 
 from calibrate.fit.pdsim import (FOLDS, TARGET, _folds, _knots, _nnls, _remainder, best_tile, grid_sizes, knot_of, noise_of,
                            repeat_noise, speed_by_round)
-from sim.cost.model import MLX_PROMPT_FORM, MLX_STEP_FORM, Curve, LinearCostModel, MlxLmCosts
+from sim.cost.curve import Curve
+from sim.cost.mlxlm import MLX_PROMPT_FORM, MLX_STEP_FORM, MlxLmCosts
+from sim.cost.model import LinearCostModel
 from sim.metrics.residuals import summarize
 
 HELD_OUT = "held-out:"
@@ -165,7 +167,7 @@ def _pairs(c: Curve) -> list[list[float]]:
 
 
 def cost_of(section: dict) -> LinearCostModel:
-    from sim.cost.model import mlx_lm_costs
+    from sim.cost.mlxlm import mlx_lm_costs
     return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx_lm_costs(section), pdsim_forms=False)
 
 

@@ -22,8 +22,9 @@ from scipy.optimize import least_squares, lsq_linear
 from sim.core.errors import InputError
 from sim.cost.noise import measure as measure_noise
 from sim.metrics.residuals import summarize
-from sim.cost.model import (DECODE_FORM, PREFILL_FORM, Curve, GridCostModel, LinearCostModel, call_copies, is_gather,
-                           is_step_growth)
+from sim.cost.copies import call_copies, is_gather, is_step_growth
+from sim.cost.curve import Curve
+from sim.cost.model import DECODE_FORM, PREFILL_FORM, GridCostModel, LinearCostModel
 
 TARGET = 0.05
 FOLDS = 4  # cross-validation: every point held out once, predicted by a fit of the other three quarters
@@ -58,7 +59,7 @@ def _attention(step: str, s: dict, knot: float, lone: bool) -> list[float]:
 
 def _remainder(L: int, tile: int) -> list[float]:
     """A chunk's rows beyond its last whole tile run slower kernels: [any at all, how many, and
-    the chunk's rows if any] (`sim.cost.model.remainder_cost`)."""
+    the chunk's rows if any] (`sim.cost.curve.remainder_cost`)."""
     r = L % tile if tile else 0
     return [float(r > 0), float(r), float(L) * (r > 0)] if tile else []
 
@@ -83,7 +84,7 @@ def knot_of(samples: list[dict]) -> float:
 @dataclass(frozen=True)
 class Copies:
     """What rebuilding KV buffers costs: seconds per token-row written (by a leave's gather, at
-    its own price: `sim.cost.model.is_gather`) and, more, per fresh one; a constant per sync in
+    its own price: `sim.cost.copies.is_gather`) and, more, per fresh one; a constant per sync in
     which requests join (leave) the batch cache."""
     copy: float = 0.0
     fresh: float = 0.0

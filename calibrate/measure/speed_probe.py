@@ -63,7 +63,7 @@ def probe_speed(logs: list[EventLog], cost: CostModel) -> MachineSpeed | None:
     """The median over the probes' prefills, and over their decodes, of predicted/measured: above
     1 the machine ran them faster than at its calibration; None without calls to price (pdsim's
     calls with a profile of mlx-lm's calls only)."""
-    if not getattr(cost, "pdsim_forms", True) and any(c.kind in ("prefill", "decode") for log in logs for c in log.calls):
+    if not cost.pdsim_forms and any(c.kind in ("prefill", "decode") for log in logs for c in log.calls):
         return None
     ratios = call_ratios(logs, cost)
     prefill = [r for kind, _, r in ratios if kind in PREFILLS]

@@ -17,7 +17,7 @@ from calibrate.engine.executor import RealEngine
 from calibrate.host.machine import host_info
 from calibrate.engine.model import build_as_profiled
 from calibrate.measure.speed_probe import Probe
-from sim.cost.model import cost_model
+from sim.cost.profile import cost_model
 from sim.core.files import atomic_write_json
 from traces.trace import Request, Trace, load_jsonl
 

@@ -52,8 +52,8 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from calibrate.confirm.protocol import confirm, rescore
-    from sim.cost.model import load_profile
-    from sim.core.files import read_json_object
+    from sim.cost.profile import load_profile
+    from sim.core.inputs import read_json_object
     prof = load_profile(args.profile)
     if args.rescore:
         report = rescore(read_json_object(args.rescore, "confirm report"), prof, Path(args.out), args.stall_ms,

@@ -104,7 +104,8 @@ def _run(args: argparse.Namespace, out: Path, host: dict, preset: dict) -> int:
     from calibrate.measure.grid import GRIDS
     from calibrate.profile_paths import default_profile_path
     from sim.commands import calibrate_cmd, confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
-    from sim.cost.model import ProfileError, check_profile_matches, cost_model, load_profile
+    from sim.cost.profile import check_profile_matches, cost_model, load_profile
+    from sim.cost.schema import ProfileError
     from sim.sweep.pick import Objective
     from sim.report import make_report
     from policies.settings import grid_settings, setting
@@ -176,7 +177,7 @@ def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
     from calibrate.engine.model import HF_REPOS
     from policies.mlxlm import server_command
     from sim.commands import confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
-    from sim.cost.model import cost_model
+    from sim.cost.profile import cost_model
     from sim.sweep.pick import Objective
     from sim.report import make_report
     from policies.settings import grid_settings, setting

@@ -24,7 +24,7 @@ from typing import Iterable
 from sim.core.errors import UserError
 
 
-class ExistsError(FileExistsError):
+class ExistsError(UserError, FileExistsError):
     """The output path exists and the user did not ask to overwrite it."""
 
 
@@ -132,12 +132,6 @@ def atomic_write_bytes(path: str | Path, data: bytes, overwrite: bool = False) -
 
 def atomic_write_text(path: str | Path, text: str, overwrite: bool = False) -> None:
     atomic_write_bytes(path, text.encode(), overwrite=overwrite)
-
-
-def read_json_object(path: str | Path, what: str, error: type[Exception] | None = None) -> dict:
-    """Read a strict JSON object; raise `error` with one line naming `what`, the file and the problem."""
-    from sim.core.inputs import read_json_object as read
-    return read(path, what, error)
 
 
 def jsonable(x):

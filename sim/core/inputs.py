@@ -20,6 +20,8 @@ import stat
 from pathlib import Path
 from typing import IO
 
+from sim.core.errors import InputError
+
 ENCODING = "utf-8-sig"  # UTF-8; a leading byte-order mark is accepted and dropped
 MAX_DEPTH = 64  # deepest JSON nesting any pdsim input needs is 5; beyond this a file is not ours
 
@@ -29,10 +31,7 @@ class JSONInputError(ValueError):
 
 
 def _error(error: type[Exception] | None) -> type[Exception]:
-    if error is None:
-        from sim.core.errors import InputError
-        return InputError
-    return error
+    return InputError if error is None else error
 
 
 def check_file(path: str | Path, what: str, error: type[Exception] | None = None) -> Path:

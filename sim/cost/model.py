@@ -22,15 +22,14 @@ calibrated on them (`pdsim calibrate --engine mlx-lm`), and otherwise by pdsim's
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
 
-from sim.engine.memory import MemoryModel, device_kv_tokens, memory_model, profile_kv_bytes
-
+from sim.cost.curve import Curve, remainder_cost
+from sim.cost.mlxlm import MlxLmCosts
+from sim.engine.memory import MemoryModel
 
 PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
                 "plus r0 + r1*(L mod tile) + r2*L when L is not a multiple of the tile; plus copy*written")
@@ -41,21 +40,16 @@ DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot
                "where it meets no fresh memory) and fresh*fresh "
                "rows (fresh_step*fresh in a step's own growth), and join (leave) when requests join (leave) the "
                "batch cache")
-MLX_PROMPT_FORM = ("dense(rows*L) + c*rows*L*(idx + L) + d*rows*idx, L the longest chunk, idx the batch "
-                   "cache's write position (every row attends the whole padded buffer), plus r0 + r1*(rows*L mod "
-                   "tile) + r2*rows*L when rows*L is not a multiple of the tile; plus copy*written")
-MLX_STEP_FORM = ("generate: dense(batch) + batch*attn(max(context)) as DECODE_FORM; first forward: the same "
-                 "plus `first`; plus copy*written + fresh*fresh")
-MLX_KINDS = ("prompt", "first", "generate")  # mlx-lm's calls in the log (`sim.engine.work`)
-BUILTIN = Path(__file__).parents[1] / "data" / "illustrative-m4pro-qwen3-0.6b.json"
-
-
-class ProfileError(ValueError):
-    """A profile that cannot be used; the message names the file and the problem."""
 
 
 class CostModel(Protocol):
+    """What every cost model has (`LinearCostModel`, `GridCostModel`, and either at another
+    machine speed, `sim.cost.speed.AtSpeed`)."""
     iteration: float  # host work per scheduler iteration (policy, bookkeeping), seconds
+    pdsim_forms: bool  # False: a profile of mlx-lm's calls only, which cannot price pdsim's engine
+    memory: MemoryModel | None  # the profile's peak-memory model (`sim.engine.memory`), if it has one
+    kv_bytes: int | None  # bytes of one KV-cache token of the profile's model, if known
+    kv_capacity: int | None  # tokens of KV cache the profile's device holds, if known
     copy: float  # seconds per token-row of KV buffer a call allocates and fills (`sim.engine.kvcache`)
     fresh: float  # and more per such row in fresh memory (beyond what the process freed: `sim.engine.kvcache`)
     gather: float | None  # per token-row instead of `copy` in a sync where requests only leave (None: `copy`)
@@ -90,137 +84,6 @@ class CostModel(Protocol):
 
     def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
         """mlx-lm: `steps` generation steps of the same rows, no copies; the floats of `steps` calls."""
-
-
-def is_gather(kind: str, joined: int, left: int) -> bool:
-    """A sync in which requests only leave: its rows are written by a gather of the kept rows
-    (`BatchKVCache.filter`), priced apart (`gather`) where its calibration timed one. It cost two
-    thirds of a join's row on a Xeon VM (40 us against 60) while a pad's rows were counted once;
-    with a pad's fill counted as a write of its own (`sim.engine.kvcache`), the two fit alike there
-    (37-39 us against 38 in stop 48's refits)."""
-    return kind == "sync" and left > 0 and not joined
-
-
-def is_step_growth(kind: str, joined: int, left: int) -> bool:
-    """A prefill or decode that grows a buffer (no batch change inside it): its fresh rows cost a
-    fifth of a join's here (1-3 us a page fault against 7-12 us: `benchmarks/kv_faults.py`), so a
-    profile may price them apart (`fresh_step`)."""
-    return kind in ("prefill", "decode") and not joined and not left
-
-
-def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, step: bool = False,
-              grow: bool = False, single: bool = False) -> float:
-    """Seconds a call spends writing KV buffers: per token-row written (a leave's gather, or a
-    decode's own growth: `grow`, each at its own price where the profile has one), and more per
-    fresh one (a step's growth at its own price, where the profile has one). A single decode's own
-    growth (a request's own cache, 256 -> 512 tokens) has one price per row, `grow_single`, where
-    the profile has one: measured on meTile's runs it cost 100-980 us a row, a median of about 450,
-    as much where the array was larger than any before as where it was not (HISTORY, stop 32), and
-    the batch cache's growths cost 50-300. What it costs is its page faults (since stop 36 the fit
-    prices them at the dear page: `calibrate.fit.pdsim.fit_grow_single`). Stop 40 tried charging them to
-    fresh rows only (by the pooled heap of then): meTile's first growth, which the heap saw as all fresh,
-    then priced 512 ms where it ran 278, and fifo's max ITL went from +56% to +83%. So a growth that
-    meets any fresh memory pays the faults on every row; one that meets none (the heap already held
-    it: after a warm-up that served the trace) pays the row's copy alone, `grow_single` less its
-    faults: stop 46's confirm runs' growths in held memory faulted nothing and ran 440-500 ms where
-    the faults priced them at 595 (meTile's max ITL +24%, max gap +32%)."""
-    if grow and single and cost.grow_single is not None:
-        faults = getattr(cost, "grow_single_faults", None)
-        return (cost.grow_single if fresh or faults is None else cost.grow_single - faults) * written
-    per_row = cost.gather if gather and cost.gather is not None else cost.copy
-    if grow and cost.grow is not None:
-        per_row = cost.grow
-    per_fresh = cost.fresh_step if step and cost.fresh_step is not None else cost.fresh
-    return per_row * written + per_fresh * fresh
-
-
-def call_copies(cost: CostModel, kind: str, joined: int, left: int, written: int, fresh: int,
-                single: bool = False) -> float:
-    """`kv_copies` of a call of this kind and batch change (a gather, a step's own growth, or neither);
-    `single`: a decode of one request on its own cache."""
-    step = is_step_growth(kind, joined, left)
-    return kv_copies(cost, written, fresh, is_gather(kind, joined, left), step, step and kind == "decode", single)
-
-
-def remainder_cost(rows: int, tile: int, rem: tuple[float, ...]) -> float:
-    """What rows beyond a call's last whole tile add: rem[0] if there are any, rem[1] per such
-    row, and rem[2] (where a profile has it) per row of the whole call: an unaligned call of 271
-    rows ran 0.5 s over its aligned neighbours where one of 15 ran 0.2 s over, so the slower
-    kernel's share grows with the call."""
-    r = rows % tile if tile else 0
-    return rem[0] + rem[1] * r + (rem[2] * rows if len(rem) > 2 else 0.0) if r else 0.0
-
-
-@dataclass(frozen=True)
-class Curve:
-    """Seconds against a size (chunk tokens, batch rows): straight lines between measured sizes,
-    flat below the first, and beyond the last along the last segment (never downhill)."""
-    sizes: tuple[float, ...]
-    seconds: tuple[float, ...]
-
-    def __call__(self, x: float) -> float:
-        xs, ys = self.sizes, self.seconds
-        if x <= xs[0] or len(xs) == 1:
-            return ys[0]
-        if x >= xs[-1]:
-            return ys[-1] + max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])) * (x - xs[-1])
-        i = bisect_right(xs, x)
-        return ys[i - 1] + (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1]) * (x - xs[i - 1])
-
-    @staticmethod
-    def from_pairs(pairs) -> "Curve | None":
-        if not pairs:
-            return None
-        return Curve(tuple(float(x) for x, _ in pairs), tuple(float(y) for _, y in pairs))
-
-
-@dataclass
-class MlxLmCosts:
-    """mlx-lm's calls as `pdsim calibrate --engine mlx-lm` times them on BatchGenerator's own
-    path (`MLX_PROMPT_FORM`, `MLX_STEP_FORM`): its prompt call skips the LM head, and its steps
-    add a log-softmax over the vocabulary and a Python loop over the rows, so pdsim's forms
-    price them a few percent off."""
-    prompt_coef: tuple[float, float, float, float]  # a, b, c, d
-    step_coef: tuple[float, float, float, float]  # a, b, c, e
-    prompt_dense: Curve | None = None  # dense(rows * L), replaces a + b*rows*L
-    step_dense: Curve | None = None  # dense(batch), replaces a + b*batch
-    knot: float = float("inf")
-    first: float = 0.0  # a first forward besides a step on the same rows
-    copy: float = 0.0  # seconds per KV token-row written, and more per fresh one
-    fresh: float = 0.0
-    iteration: float = 0.0  # host work between two next() calls
-    prompt_tile: int = 0  # rows*L beyond a multiple of this run slower kernels (0: no such term)
-    prompt_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the call]
-    first_copy: float | None = None  # per token-row a first forward writes (None: `copy`; profiles of stops 37-43)
-
-    def copies(self, kind: str, written: int, fresh: int) -> float:
-        """A call's KV copies: its rows written, and the ones of them in fresh memory at the
-        faults such a row takes (`calibrate.fit.mlxlm.fresh_by_faults`). Profiles of stops 37-43
-        put the faults of an average row in `copy` and `first_copy` instead."""
-        per_row = self.first_copy if kind == "first" and self.first_copy is not None else self.copy
-        return per_row * written + self.fresh * fresh
-
-    def prompt(self, rows: int, tokens: int, idx: int) -> float:
-        a, b, c, d = self.prompt_coef
-        n = rows * tokens
-        dense = self.prompt_dense(n) if self.prompt_dense else a + b * n
-        return dense + remainder_cost(n, self.prompt_tile, self.prompt_rem) + c * n * (idx + tokens) + d * rows * idx
-
-    def step(self, contexts: Sequence[int]) -> float:
-        a, b, c, e = self.step_coef
-        n, x = len(contexts), max(contexts)
-        dense = self.step_dense(n) if self.step_dense else a + b * n
-        k = self.knot
-        return dense + n * (c * min(x, k) + e * max(0.0, x - k))
-
-    def steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
-        """`step` of `steps` consecutive calls, every context one longer each call."""
-        a, b, c, e = self.step_coef
-        n, x = len(contexts), np.arange(max(contexts), max(contexts) + steps)
-        dense = self.step_dense(n) if self.step_dense else a + b * n
-        if self.knot == float("inf"):
-            return dense + n * (c * x)
-        return dense + n * (c * np.minimum(x, self.knot) + e * np.maximum(0.0, x - self.knot))
 
 
 @dataclass
@@ -379,6 +242,10 @@ class GridCostModel:
         return self.linear.kv_capacity
 
     @property
+    def pdsim_forms(self) -> bool:
+        return self.linear.pdsim_forms
+
+    @property
     def fresh(self) -> float:
         return self.linear.fresh
 
@@ -454,72 +321,3 @@ def _interpolator(points: np.ndarray):
         return LinearNDInterpolator(points[:, :2], points[:, 2])
     except (QhullError, ValueError, IndexError):
         return lambda *xy: np.full(np.broadcast(*xy).shape, np.nan)
-
-
-def load_profile(path: str | Path) -> dict:
-    """Read and check a profile JSON (`sim.cost.schema`); ProfileError with one line on any problem."""
-    from sim.cost.schema import read_profile
-    return read_profile(path)
-
-
-def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
-    """The cost model a profile asks for: each step's `use` ("fit", the default, or "grid"; profiles
-    before per-step choices say it once, as `cost.use`)."""
-    c = prof["cost"]
-    mlx = mlx_lm_costs(c["mlx_lm"]) if "mlx_lm" in c else None
-    memory, kv_bytes, capacity = memory_model(prof), profile_kv_bytes(prof), device_kv_tokens(prof)
-    if "prefill" not in c:  # a profile of mlx-lm's calls only
-        return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False, memory=memory,
-                               kv_bytes=kv_bytes, kv_capacity=capacity)
-    lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]), float(c.get("iteration", 0.0)),
-                          join=_triple(c.get("join")), leave=_triple(c.get("leave")),
-                          prefill_dense=Curve.from_pairs(c["prefill"].get("dense")),
-                          decode_dense=Curve.from_pairs(c["decode"].get("dense")),
-                          decode_knot=float(c["decode"].get("knot") or "inf"), decode_lone=c["decode"].get("lone"),
-                          copy=float(c.get("copy", 0.0)), fresh=float(c.get("fresh", 0.0)),
-                          gather=None if c.get("gather") is None else float(c["gather"]),
-                          fresh_step=None if c.get("fresh_step") is None else float(c["fresh_step"]),
-                          fresh_step_faults=None if c.get("fresh_step_faults") is None
-                          else float(c["fresh_step_faults"]),
-                          grow=None if c.get("grow") is None else float(c["grow"]),
-                          grow_single=None if c.get("grow_single") is None else float(c["grow_single"]),
-                          grow_single_faults=None if c.get("grow_single_faults") is None
-                          else float(c["grow_single_faults"]),
-                          prefill_tile=int(c["prefill"].get("tile", 0)),
-                          prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
-                          kv_bytes=kv_bytes, kv_capacity=capacity)
-    grid = {step: c[step].get("use", c.get("use", "fit")) == "grid" for step in ("prefill", "decode")}
-    if any(grid.values()):
-        return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),
-                             lin.iteration, grid["prefill"], grid["decode"], memory=memory)
-    return lin
-
-
-def mlx_lm_costs(m: dict) -> MlxLmCosts:
-    """`MlxLmCosts` from a profile's `cost.mlx_lm` section."""
-    pr, st = m["prompt"], m["generate"]
-    return MlxLmCosts(tuple(map(float, pr["coef"])), tuple(map(float, st["coef"])), Curve.from_pairs(pr.get("dense")),
-                      Curve.from_pairs(st.get("dense")), float(st.get("knot") or "inf"), float(st.get("first", 0.0)),
-                      float(m.get("copy", 0.0)), float(m.get("fresh", 0.0)), float(m.get("iteration", 0.0)),
-                      int(pr.get("tile", 0)), tuple(map(float, pr.get("remainder", (0.0, 0.0)))),
-                      None if m.get("first_copy") is None else float(m["first_copy"]))
-
-
-def _triple(v) -> tuple[float, float, float]:
-    """`join`/`leave` coefficients (a, b, c); a bare number is a constant cost."""
-    v = [] if v is None else [v] if isinstance(v, (int, float)) else list(v)
-    return tuple(float(x) for x in (v + [0.0, 0.0, 0.0])[:3])
-
-
-def check_profile_matches(prof: dict, model: str | None = None, device: str | None = None,
-                          force: bool = False) -> list[str]:
-    """Refuse a profile made for another model or device; with force, return warnings instead."""
-    problems = []
-    if model and prof["model"]["name"] != model:
-        problems.append(f"profile {prof.get('_path', '')} is for model {prof['model']['name']!r}, not {model!r}")
-    have = prof["device"].get("id")
-    if device and have and have != device:
-        problems.append(f"profile {prof.get('_path', '')} was measured on {have!r}, this is {device!r}")
-    if problems and not force:
-        raise ProfileError(problems[0] + " (pass --force to use it anyway)")
-    return problems

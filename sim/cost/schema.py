@@ -1,4 +1,4 @@
-"""One schema for cost profiles, checked where a profile is read (`sim.cost.model.load_profile`).
+"""One schema for cost profiles, checked where a profile is read (`sim.cost.profile.load_profile`).
 
 Why here and once: every command that takes a profile (simulate, sweep, confirm, report,
 calibrate --refit/--add-rounds/--from-runs) reads it through `load_profile`, so a broken profile
@@ -23,8 +23,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sim.cost.model import ProfileError
+from sim.core.errors import InputError
 from sim.core.inputs import read_json_object
+
+
+class ProfileError(InputError):
+    """A profile that cannot be used; the message names the file and the problem."""
 
 STEPS = ("prefill", "decode")
 SAMPLE_STEPS = ("prefill", "decode", "sync", "overhead", "join", "leave", "prompt", "generate")  # the last two: mlx-lm's
@@ -236,7 +240,7 @@ def _tile(w: _Where, sec: dict, field: str) -> None:
 
 
 def check_mlx_lm(w: _Where, m: dict) -> None:
-    """The `cost.mlx_lm` section (`sim.cost.model.MlxLmCosts`): BatchGenerator's prompt calls and
+    """The `cost.mlx_lm` section (`sim.cost.mlxlm.MlxLmCosts`): BatchGenerator's prompt calls and
     generation steps, each 4 coefficients and an optional dense curve, and its copy prices."""
     for key in ("prompt", "generate"):
         if key not in m:

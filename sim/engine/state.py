@@ -6,89 +6,24 @@ time (executors hand it start and end times).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass, replace
+from collections import OrderedDict, defaultdict
+from dataclasses import replace
 
-from sim.core.errors import InputError
 from sim.engine.heap import Heap
 from sim.engine.kvcache import KVBuffers, write
+from sim.engine.kvlimit import KVLimitRules, check_kv_fit
 from sim.engine.log import Call, Column, EventLog, RequestInfo, Stretch
 from sim.engine.memory import MemoryModel, PeakMemory
-from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
-from traces.trace import Request, Trace
+from sim.engine.mlxlm import MlxLmTransitions
+from sim.engine.requests import RequestState
+from sim.engine.work import BatchPrefill, Decode, EngineError, FirstForward, Generate, JoinPrompt, Prefill, Work
+from traces.trace import Trace
 
 Rows = tuple[int, int]  # (written, fresh) token-rows of KV buffer
 NONE: Rows = (0, 0)
 
 
-class EngineError(RuntimeError):
-    """A policy asked for work that the engine cannot do (a bug in the policy)."""
-
-
-class KVLimitError(InputError):
-    """A request that can never fit the KV-cache limit: the run would never finish."""
-
-
-class Freed:
-    """The batch cache's row of a preempted request, until the next sync drops it (a leave): its
-    cache is freed at once, its row is gone from the batch at the batch's next rebuild."""
-    __slots__ = ("rid",)
-
-    def __init__(self, rid: str):
-        self.rid = rid
-
-    def __repr__(self) -> str:
-        return f"Freed({self.rid!r})"
-
-    def __eq__(self, other) -> bool:  # a batch holds at most one freed row per request (a sync drops it)
-        return isinstance(other, Freed) and other.rid == self.rid
-
-    def __hash__(self) -> int:
-        return hash(("freed", self.rid))
-
-
-@dataclass(slots=True)
-class RequestState:
-    req: Request
-    prefilled: int = 0  # prompt tokens in the cache
-    generated: int = 0  # tokens emitted (the first comes from the last prefill chunk)
-    # mlx-lm's one-step pipeline (`FirstForward`, `Generate`): the step that returns token j also
-    # writes it to the cache and samples token j + 1, so the next step attends one token more
-    pipelined: bool = False
-    preempted: bool = False  # its cache was freed once (`EngineState.preempt`): it resumes before new prompts
-
-    @property
-    def rid(self) -> str:
-        return self.req.id
-
-    @property
-    def target(self) -> int:
-        """Tokens its prefill puts in the cache: the prompt; after a preemption (vLLM's recompute)
-        the prompt and every output but the last, which the next decode reads as its input."""
-        return self.req.prompt_len + (self.generated - 1 if self.generated else 0)
-
-    @property
-    def prefill_left(self) -> int:
-        return self.target - self.prefilled
-
-    @property
-    def owes_decode(self) -> bool:
-        """Whether it still decodes once its prefill ends (a first prefill emits a token, a
-        recompute none)."""
-        return self.req.output_len - self.generated > (0 if self.generated else 1)
-
-    @property
-    def output_left(self) -> int:
-        return self.req.output_len - self.generated
-
-    @property
-    def context(self) -> int:
-        """Tokens the next decode step attends to: the prompt, the outputs so far (and, pipelined,
-        the one the step writes before returning it)."""
-        return self.req.prompt_len + self.generated + self.pipelined
-
-
-class EngineState:
+class EngineState(KVLimitRules, MlxLmTransitions):
     """What the engine holds: requests queued for prefill, requests ready to decode, the log.
 
     `queued` holds arrived requests whose prefill is not finished, in arrival order; `ready` holds
@@ -162,83 +97,6 @@ class EngineState:
             n += 1
         return n
 
-    @property
-    def prompt_rows(self) -> tuple[str, ...]:
-        """mlx-lm's prompt batch: the requests prefilling together, in the batch's order."""
-        return tuple(self.kv.prompt.rows)
-
-    # --- the KV-cache limit (`sim.engine.kvlimit`): what fits, and preemption -----------------------------
-
-    def kv_need(self, s: RequestState) -> int:
-        """Tokens a request's admission asks for: its whole cache after the prefill and the token
-        its first decode writes (`target + 1`), and never more than its cache ever holds
-        (prompt + output - 1: the last output token is never written)."""
-        return min(s.target + 1, s.req.prompt_len + s.req.output_len - 1)
-
-    def fits(self, rid: str) -> bool:
-        """Whether queued request `rid` may start its (re)prefill now: its whole cache fits beside
-        the caches held and the token each ready request writes at its next decode. A request
-        admitted so fits any one iteration's calls, so admission never forces its own preemption."""
-        if self.kv_limit is None:
-            return True
-        s = self.queued[rid]
-        if s.prefilled:  # admitted already
-            return True
-        return self.kv_used + len(self.ready) + self.kv_need(s) <= self.kv_limit
-
-    def kv_after(self, work: list[Work]) -> int:
-        """Tokens the caches hold once `work` has run, counting no cache freed within it: an
-        iteration's tokens are all given room before it runs (as vLLM's scheduler does)."""
-        n = self.kv_used
-        for w in work:
-            if isinstance(w, Prefill):
-                n += w.tokens
-            elif isinstance(w, Decode):
-                n += len(w.rids)
-        return n
-
-    def victim(self) -> str | None:
-        """The request a preemption frees: the newest (latest arrival, then latest in the trace)
-        among those holding a cache (decoding, or with a prefill begun); None if none holds one."""
-        held = [r for r, s in self.queued.items() if s.prefilled] + list(self.ready)
-        if self._position is None:
-            self._position = {r.id: i for i, r in enumerate(self.trace.requests)}
-        return max(held, key=self._position.__getitem__) if held else None
-
-    def preempt(self, rid: str, at: float, iteration: int) -> int:
-        """Free `rid`'s cache (vLLM's preemption by recompute); return the tokens freed.
-
-        Its tokens emitted stay emitted; it goes back to the queue, ahead of every request that
-        has not begun its prefill and behind those that have, and its next prefill recomputes the
-        prompt and the outputs but the last (`RequestState.target`), emitting nothing. Logged as
-        a call of kind "preempt" (`tokens`: the tokens freed, which will be prefilled again)."""
-        self._followed = None
-        if at < self.now:
-            raise EngineError(f"time went backwards: preemption at {at} after {self.now}")
-        if rid in self.ready:
-            s = self.ready.pop(rid)
-            if s.pipelined:
-                raise EngineError(f"preemption of {rid!r}: mlx-lm's generation batch has no preemption")
-            freed = s.req.prompt_len + s.generated - 1
-        elif rid in self.queued and self.queued[rid].prefilled:
-            s = self.queued.pop(rid)
-            freed = s.prefilled
-        else:
-            raise EngineError(f"preemption of {rid!r}: it holds no cache")
-        s.prefilled, s.preempted = 0, True
-        self.kv_used -= freed
-        self.kv.preempt(rid, Freed(rid))
-        begun = [(r, q) for r, q in self.queued.items() if q.prefilled]
-        if begun:
-            rest = [(r, q) for r, q in self.queued.items() if not q.prefilled]
-            self.queued = OrderedDict(begun + [(rid, s)] + rest)
-        else:
-            self.queued[rid] = s
-            self.queued.move_to_end(rid, last=False)
-        self.now = at
-        self.log.add(Call("preempt", at, at, (rid,), freed, 0, (), 0, 0, iteration))
-        return freed
-
     def batch_change(self, work: Decode) -> tuple[int, int]:
         """How many requests join and leave the batch cache if `work` runs next."""
         if not work.batched or work.rids == self.kv.rows:
@@ -272,7 +130,7 @@ class EngineState:
     def what_if(self, work: list[Work]) -> "EngineState":
         """A scratch copy to follow pdsim's `work` on without changing this state: the requests it
         names and the batch cache's rows copied, the KV buffers copied, a log that keeps nothing
-        (`sim.steady.iteration_seconds` prices an iteration on it)."""
+        (`sim.cost.price.iteration_seconds` prices an iteration on it)."""
         named = set(self.kv.rows)
         for w in work:
             named.update((w.rid,) if isinstance(w, Prefill) else w.rids)
@@ -333,34 +191,6 @@ class EngineState:
                     raise EngineError(f"decode of {rid!r}: it is in mlx-lm's generation batch (Generate)")
         else:
             self._check_mlx_lm(work)
-
-    def _check_mlx_lm(self, work: Work) -> None:
-        """mlx-lm's calls: each names exactly the rows its batch holds, in the batch's order."""
-        rows = self.prompt_rows
-        if isinstance(work, JoinPrompt):
-            for rid in work.rids:
-                if rid not in self.queued or rid in rows or work.rids.count(rid) > 1:
-                    raise EngineError(f"join of {rid!r}: not waiting (not arrived, already joined, or prefilled)")
-                if self.queued[rid].prefilled:
-                    raise EngineError(f"join of {rid!r}: part of its prompt ran on pdsim's engine")
-        elif isinstance(work, BatchPrefill):
-            if tuple(r for r, _ in work.rows) != rows:
-                raise EngineError(f"batch prefill of {[r for r, _ in work.rows]}: the prompt batch holds {list(rows)} "
-                                  "(every row prefills, in the batch's order)")
-            for rid, n in work.rows:
-                if not 1 <= n < self.queued[rid].prefill_left:
-                    raise EngineError(f"batch prefill of {rid!r}: {n} tokens, {self.queued[rid].prefill_left} left "
-                                      "(the last one is held back for the first forward)")
-        elif isinstance(work, FirstForward):
-            due = tuple(r for r in rows if self.queued[r].prefill_left == 1)
-            if not work.rids or work.rids != due:
-                raise EngineError(f"first forward of {list(work.rids)}: the prompt batch's rows with only their "
-                                  f"last token left are {list(due)}")
-        elif isinstance(work, Generate):
-            if not work.rids or work.rids != tuple(self.ready) or not all(s.pipelined for s in self.ready.values()):
-                raise EngineError(f"generate of {list(work.rids)}: the generation batch holds {list(self.ready)}")
-        else:
-            raise EngineError(f"unknown work {work!r}")
 
     def apply(self, work: Work, start: float, end: float, synced: float | None = None) -> None:
         """Record that `work` ran from `start` to `end`, and advance the requests it touched.
@@ -431,62 +261,6 @@ class EngineState:
         self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, contexts,
                           joined, left, self.iteration, written, work.batched, fresh))
 
-    def _apply_mlx_lm(self, work: Work, start: float, end: float) -> None:
-        """An mlx-lm call (`sim.engine.work`). A `Generate`'s tokens are returned when `next()` returns:
-        each later call of the same iteration moves their emission time to its own end."""
-        self.check(work)
-        it, returned = self._returned
-        if it == self.iteration:
-            for times in returned:
-                times[-1] = end
-        if isinstance(work, JoinPrompt):
-            self.kv.join_prompt(work.rids)
-            return
-        idx = self.kv.prompt.idx  # the prompt batch's write position before the call (after any split)
-        held = self.kv.resident() if self.memory is not None else 0
-        if isinstance(work, BatchPrefill):
-            _, (written, fresh) = self._kv_apply(work, 0)
-            rids, chunks = tuple(r for r, _ in work.rows), tuple(n for _, n in work.rows)
-            if self.memory is not None:
-                self._peak(held, self.kv.call_largest, "prompt", max(chunks), idx, rids)
-            self.log.add(Call("prompt", start, end, rids, max(chunks), idx,
-                              tuple(self.queued[r].prefilled for r in rids), 0, 0, self.iteration, written, True,
-                              fresh, chunks))
-            for rid, n in work.rows:
-                self.queued[rid].prefilled += n
-            return
-        _, (written, fresh) = self._kv_apply(work, 0)
-        if isinstance(work, FirstForward):
-            contexts = tuple(self.queued[r].req.prompt_len for r in work.rids)
-            if self.memory is not None:
-                self._peak(held, self.kv.call_largest, "first", len(contexts), 0, contexts)
-            self.log.add(Call("first", start, end, work.rids, len(work.rids), 0, contexts, 0, 0, self.iteration,
-                              written, True, fresh))
-            for rid in work.rids:
-                s = self.queued.pop(rid)
-                s.prefilled, s.pipelined = s.req.prompt_len, True
-                self.ready[rid] = s
-            return
-        states = [self.ready[r] for r in work.rids]
-        contexts = tuple(s.context for s in states)
-        if self.memory is not None:
-            self._peak(held, self.kv.call_largest, "generate", len(states), 0, contexts)
-        before = set(self.stepped)
-        joined, left = sum(r not in before for r in work.rids), len(before - set(work.rids))
-        self.log.add(Call("generate", start, end, work.rids, len(work.rids), 0, contexts,
-                          joined, left, self.iteration, written, True, fresh))
-        self.stepped = work.rids
-        returned = []
-        for s in states:
-            s.generated += 1
-            times = self.log.tokens[s.req.id]
-            times.append(end)
-            returned.append(times)
-            if s.generated == s.req.output_len:
-                del self.ready[s.req.id]
-                self.finished += 1
-        self._returned = (self.iteration, returned)
-
     def apply_steady(self, work: list[Work], starts: list[list[float]], ends: list[list[float]]) -> None:
         """Record a stretch of identical iterations (`sim.steady`): call i of iteration j ran from
         `starts[i][j]` to `ends[i][j]`, the first iteration being `self.iteration`. The same log
@@ -538,28 +312,6 @@ class EngineState:
         self.iteration += steps - 1
         self.now = ends[-1][-1]
 
-    def _steady_generate(self, w: Generate, steps: int, begin: list[float], end: list[float], held: int) -> Column:
-        """`steps` generation steps of the same rows; rows leave only after the last."""
-        states = [self.ready[r] for r in w.rids]
-        written, fresh = self.kv.generate(w.rids, set())
-        if self.memory is not None:
-            first = tuple(s.context for s in states)
-            self._peak(held, self.kv.call_largest, "generate", len(states), 0, first)
-            self._peak(self.kv.resident(), 0, "generate", len(states), 0, tuple(c + steps - 1 for c in first))
-        self.kv.gen.idx += steps - 1
-        column = Column("generate", w.rids, len(w.rids), [s.context for s in states], begin, end, written, True, fresh)
-        leaving = set()
-        for s in states:
-            self.log.tokens[s.req.id].extend(end)
-            s.generated += steps
-            if s.generated == s.req.output_len:
-                del self.ready[s.req.id]
-                self.finished += 1
-                leaving.add(s.req.id)
-        self.kv.leave_gen(leaving)
-        self._returned = (-1, [])
-        return column
-
     def _grown(self, held: int) -> int:
         """Token-rows of KV buffer a call just added to the `held` before it: what MLX's memory in use
         rose by (a buffer grown from 256 to 506 rows rises by 250, not by the 506 it copies)."""
@@ -588,7 +340,6 @@ class _NoLog:
     """The log of a scratch state (`EngineState.what_if`): takes calls and tokens, keeps nothing."""
 
     def __init__(self) -> None:
-        from collections import defaultdict
         self.tokens = defaultdict(list)
 
     def add(self, call: Call) -> None:
@@ -599,14 +350,3 @@ def _grown(cap: int, idx: int, n: int) -> int:
     return write(cap, idx, n)[1]
 
 
-def check_kv_fit(trace: Trace, kv_limit: int) -> None:
-    """Refuse a trace with a request whose cache alone outgrows the limit (prompt + output - 1
-    tokens at its last decode): it could never finish, and the run would never end."""
-    if kv_limit < 1:
-        raise KVLimitError(f"kv limit must be at least 1 token, got {kv_limit}")
-    for r in trace.requests:
-        if r.prompt_len + r.output_len - 1 > kv_limit:
-            raise KVLimitError(f"request {r.id} needs {r.prompt_len + r.output_len - 1:,} tokens of KV cache "
-                               f"({r.prompt_len:,} prompt + {r.output_len:,} output - 1) and the kv limit is "
-                               f"{kv_limit:,} tokens: it could never finish (raise --kv-limit or cut the trace "
-                               "with --max-prompt / --max-output)")

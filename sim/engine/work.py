@@ -14,6 +14,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
+class EngineError(RuntimeError):
+    """A policy asked for work that the engine cannot do (a bug in the policy)."""
+
+
 class Prefill(NamedTuple):
     """Run the next `tokens` prompt tokens of one request, at its current cache offset."""
     rid: str

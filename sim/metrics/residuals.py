@@ -13,7 +13,8 @@ from typing import Iterator
 
 import numpy as np
 
-from sim.cost.model import MLX_KINDS, CostModel, call_copies
+from sim.cost.price import price
+from sim.cost.model import CostModel
 from sim.engine.log import Call, EventLog
 
 FAULTED = 256  # minor faults (1 MiB of 4 KiB pages) from which a call counts as having met fresh memory
@@ -58,23 +59,6 @@ def size_bucket(kind: str, tokens: int, rows: int = 1) -> str:
     return f"{span} {'aligned' if tokens % TILE == 0 else 'unaligned'}"
 
 
-def price(cost: CostModel, kind: str, tokens: int, prefix: int, contexts, batched: bool, joined: int, left: int,
-          written: int, fresh: int) -> float:
-    """Seconds the cost model gives a call of this shape: the one pricing both executors' calls
-    share, whether the call is about to run (`sim.steady.call_costs`) or was logged (`price_call`).
-    A sync (the batch cache rebuilt) is its copies and a constant per join or leave."""
-    if kind in MLX_KINDS:
-        return cost.mlx_lm_call(kind, tokens, prefix, contexts, written, fresh)
-    if kind == "preempt":  # a cache dropped: no model call (its recompute is a prefill, priced as one)
-        return 0.0
-    t = call_copies(cost, kind, joined, left, written, fresh, not batched)
-    if kind == "prefill":
-        return t + cost.prefill(tokens, prefix)
-    if joined or left:  # a sync call, or a decode with its sync inside (logs from before syncs were calls)
-        t += cost.membership(joined, left, contexts)
-    return t if kind == "sync" else t + cost.decode(contexts, not batched)
-
-
 def price_call(cost: CostModel, c: Call) -> float:
     """Seconds the cost model gives a logged call, from its logged shape alone."""
     return price(cost, c.kind, c.tokens, c.prefix, c.contexts, c.batched, c.joined, c.left, c.written, c.fresh)
@@ -105,7 +89,7 @@ def residual_table(logs: list[EventLog], cost: CostModel, by_size: bool = True) 
     rows = summarize(call_ratios(logs, cost), by_size)
     counted = [log for log in logs if log.faults is not None]
     if counted:
-        row_bytes = getattr(cost, "kv_bytes", None)
+        row_bytes = cost.kv_bytes
         faulted: dict[tuple[str, str], list[float]] = {}
         fresh: dict[tuple[str, str], list[tuple[int, float]]] = {}
         for log in counted:

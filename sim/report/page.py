@@ -316,7 +316,7 @@ def make_report(out_dir: str | Path, sweep_dir=None, confirm_path=None, profile_
 
 def _make_report(folder: OutputFolder, sweep_dir, confirm_path, profile_path, simulate_path, latency, overwrite,
                  png) -> dict:
-    from sim.cost.model import load_profile
+    from sim.cost.profile import load_profile
     sweep = load_sweep(sweep_dir) if sweep_dir else None
     confirm = load_confirm(confirm_path) if confirm_path else None
     profile = load_profile(profile_path) if profile_path else None

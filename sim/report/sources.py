@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.core.files import read_json_object
+from sim.core.inputs import read_json_object
 from sim.core.errors import UserError
 from sim.engine.log import EventLog
 

@@ -20,7 +20,7 @@ from typing import Iterable, Mapping
 from uuid import uuid4
 
 import policies
-from sim.cost.model import BUILTIN, cost_model, load_profile
+from sim.cost.profile import BUILTIN, cost_model, load_profile
 from sim.core.errors import UserError
 from sim.metrics.scoring import Slo, score
 from sim.replay import simulate
