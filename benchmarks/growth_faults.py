@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sim.cost.profile import cost_model, load_profile
-from sim.cost.schema import ProfileError  # noqa: E402
+from sim.cost.fields import ProfileError  # noqa: E402
 from sim.core.errors import UserError  # noqa: E402
 from sim.core.inputs import read_json_object  # noqa: E402
 from sim.engine.log import EventLog  # noqa: E402

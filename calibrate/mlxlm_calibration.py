@@ -14,16 +14,16 @@ import random
 import time
 from pathlib import Path
 
-from calibrate.calibration import EngineRuns, engine_samples, refuse_existing, write_profile
+from calibrate.engine.mlxlm_batches import installed_version
+from calibrate.engine.model import build_model
+from calibrate.fit.mlxlm import fit_mlx_lm, iteration_of
+from calibrate.host.machine import host_info
+from calibrate.measure.engine_runs import EngineRuns, Workload, between_calls_share, engine_samples, relogged
 from calibrate.measure.grid import MlxLmGrid
 from calibrate.measure.journal import Journal
-from calibrate.host.machine import host_info
-from calibrate.engine.mlxlm_batches import installed_version
-from calibrate.fit.mlxlm import fit_mlx_lm, iteration_of
 from calibrate.measure.mlxlm_profiler import MlxLmProfiler
-from calibrate.engine.model import build_model
 from calibrate.measure.profiler import run_grid
-from calibrate.measure.engine_runs import Workload, between_calls_share, relogged
+from calibrate.profiles import refuse_existing, write_profile
 from policies.mlxlm import check_version
 from sim.core.errors import UserError
 from traces.generators import fixed, poisson

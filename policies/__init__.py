@@ -13,8 +13,10 @@ from policies.base import Policy, PolicyError
 from policies.budget import is_adaptive
 from policies.chunked import Chunked, eager
 from policies.fifo import Fifo
-from policies.mlxlm import DEFAULTS as MLX_LM_DEFAULTS, MODELLED, MlxLm
-from policies.options import NAMES as PDSIM_OPTIONS, Options
+from policies.mlxlm import DEFAULTS as MLX_LM_DEFAULTS
+from policies.mlxlm import MODELLED, MlxLm
+from policies.options import NAMES as PDSIM_OPTIONS
+from policies.options import Options
 from policies.queue import DEFAULT_AGING_S, QUEUES
 
 

@@ -22,14 +22,14 @@ from itertools import islice
 from typing import ClassVar
 
 from policies.base import PolicyError
+from policies.budget import largest_fitting
 from policies.options import Options
 from policies.queue import QueueOrder
-from sim.engine.memory import KVLimit
-from policies.budget import largest_fitting
-from sim.engine.requests import RequestState
-from sim.engine.state import EngineState
 from sim.cost.model import CostModel
 from sim.cost.price import host_seconds, iteration_seconds
+from sim.engine.memory import KVLimit
+from sim.engine.requests import RequestState
+from sim.engine.state import EngineState
 from sim.engine.work import Prefill, Work
 
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, fields
 from policies.base import PolicyError
 from policies.budget import auto_target, check_idle_budget, parse_budget
 from policies.queue import DEFAULT_AGING_S, QUEUES, QueueOrder
+from sim.core.errors import InputError
 from sim.engine.memory import KVLimit, parse_kv_limit
 from sim.engine.work import Decode, Work
-from sim.core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from typing import Callable
 
 from policies.base import Policy
 from sim.cost.model import CostModel
+from sim.cost.noise import CallNoise
+from sim.cost.speed import MachineSpeed
 from sim.engine.log import EventLog
 from sim.metrics.scoring import log_class_metrics, score
-from sim.cost.noise import CallNoise
 from sim.replay import simulate
-from sim.cost.speed import MachineSpeed
 from traces.trace import Trace
 
 REPLICAS = 15

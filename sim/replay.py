@@ -10,14 +10,14 @@ from typing import Callable
 import simpy
 
 from policies.base import Policy
+from sim.cost.fields import ProfileError
 from sim.cost.model import CostModel
-from sim.cost.schema import ProfileError
+from sim.cost.price import call_costs
 from sim.engine.heap import Heap
 from sim.engine.kvlimit import kv_limit_of, next_work
 from sim.engine.log import EventLog
 from sim.engine.state import EngineState
 from sim.engine.work import EngineError
-from sim.cost.price import call_costs
 from sim.steady import steady_steps, steady_times, stretch_end
 from traces.trace import Trace
 

@@ -16,8 +16,8 @@ from bisect import bisect_left
 from itertools import accumulate, chain
 
 from sim.cost.model import CostModel
-from sim.engine.kvcache import write
 from sim.cost.price import call_costs
+from sim.engine.kvcache import write
 from sim.engine.state import EngineState
 from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 

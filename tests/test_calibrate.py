@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import policies
-from calibrate.calibration import EngineRuns, add_rounds, calibrate
+from calibrate.calibration import add_rounds, calibrate
+from calibrate.measure.engine_runs import EngineRuns
 from calibrate.measure.journal import Journal
 from calibrate.measure.engine_runs import Workload, workloads
 from calibrate.measure.grid import QUICK, TINY, Grid

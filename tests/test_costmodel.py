@@ -14,7 +14,7 @@ from sim.cost.copies import is_gather, kv_copies
 from sim.cost.curve import Curve
 from sim.cost.model import LinearCostModel
 from sim.cost.profile import BUILTIN, cost_model, load_profile
-from sim.cost.schema import ProfileError
+from sim.cost.fields import ProfileError
 from sim.cost.price import price
 from sim.cost.speed import MachineSpeed
 
@@ -407,7 +407,7 @@ def test_grid_model_falls_back_to_the_whole_form_outside_its_grid():
 def test_speed_by_round_recovers_each_rounds_machine_speed():
     """Every point timed once per round; round r ran `speed[r]` times slower: the per-round median
     of timing over the point's median is that speed over the median speed."""
-    from calibrate.fit.pdsim import speed_by_round
+    from calibrate.fit.common import speed_by_round
     import statistics
     speed = [1.0, 1.2, 0.9, 1.1]
     pts = [{"seconds": 0.0, "times": [base * f for f in speed]} for base in (0.1, 0.3, 2.0)]

@@ -6,7 +6,7 @@ import pytest
 
 import policies
 from sim.cost.profile import BUILTIN, cost_model, load_profile
-from sim.cost.schema import ProfileError
+from sim.cost.fields import ProfileError
 from sim.metrics.scoring import score
 from sim.cost.noise import MIN_CALLS, POINTS, CallNoise, measure
 from sim.predict import predict

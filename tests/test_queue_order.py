@@ -283,9 +283,9 @@ def test_malformed_class_fields_are_refused(row, needle, tmp_path, capsys):
 
 
 def test_confirm_compares_each_class_predicted_against_measured():
-    """`calibrate.confirm.protocol.compare_classes` on replays: the median over noisy replays per class, and
+    """`calibrate.confirm.score.compare_classes` on replays: the median over noisy replays per class, and
     measured figures as the median, min and max over runs (here: replays priced 10% slower)."""
-    from calibrate.confirm.protocol import compare_classes
+    from calibrate.confirm.score import compare_classes
     from sim.cost.noise import CallNoise
     from sim.predict import predict_classes
     trace, = with_class_targets({"t": bursty_classes(12, rate=4.0, seed=2)}, {"tight": 300.0}).values()

@@ -3,7 +3,7 @@ seen by them, and the prediction follows it (the one at the calibration's speed 
 import pytest
 
 import policies
-from calibrate.confirm.protocol import compare, probed_speed
+from calibrate.confirm.score import compare, probed_speed
 from calibrate.measure.speed_probe import SETTING, probe_speed, probe_trace, reference_probes, timed_speed
 from calibrate.measure.worker import warmup_trace
 from sim.cost.model import LinearCostModel
@@ -195,7 +195,7 @@ def test_a_calibrations_engine_run_on_a_slowed_machine_is_brought_back_to_its_sp
     (its probe and its calls alike) has its calls' times brought back by its probe against the
     others', so it fits and scores as the runs at the calibration's speed do; the time as timed
     is kept beside (`measured`)."""
-    from calibrate.calibration import engine_samples, run_speeds
+    from calibrate.measure.engine_runs import engine_samples, run_speeds
     cost = cost_model(load_profile(BUILTIN))
     trace = tinyllm(num_seqs=3, min_in=20, max_in=90, min_out=4, max_out=6, seed=8)
     setting = {"policy": "eager", "batch_size": 2}

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 from sim.core.inputs import check_file
-
 from traces.formats import FORMATS, PDSIM, detect, format_name, read
 from traces.generators import GENERATORS
 from traces.shape import Shaping, apply

@@ -27,8 +27,7 @@ from sim.engine.log import EventLog
 from sim.engine.memory import kv_bytes_per_token
 from sim.engine.requests import Freed
 from sim.engine.state import EngineState
-from sim.engine.work import EngineError
-from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
+from sim.engine.work import BatchPrefill, Decode, EngineError, FirstForward, Generate, JoinPrompt, Prefill, Work
 from traces.trace import Request, Trace
 
 

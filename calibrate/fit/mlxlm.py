@@ -14,14 +14,25 @@ import statistics
 
 import numpy as np
 
-from calibrate.fit.pdsim import (FOLDS, TARGET, _folds, _knots, _nnls, _remainder, best_tile, grid_sizes, knot_of, noise_of,
-                           repeat_noise, speed_by_round)
+from calibrate.fit.common import (
+    FOLDS,
+    HELD_OUT,
+    TARGET,
+    best_tile,
+    grid_sizes,
+    knot_of,
+    knot_sizes,
+    nnls,
+    noise_of,
+    remainder_terms,
+    repeat_noise,
+    size_folds,
+    speed_by_round,
+)
 from sim.cost.curve import Curve
 from sim.cost.mlxlm import MLX_PROMPT_FORM, MLX_STEP_FORM, MlxLmCosts
 from sim.cost.model import LinearCostModel
 from sim.metrics.residuals import summarize
-
-HELD_OUT = "held-out:"
 
 
 def _size(step: str, s: dict) -> int:
@@ -71,18 +82,18 @@ def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0,
     call's curve, through aligned sizes, never falls (its unknowns are the steps up from knot to
     knot: two rows of 16 were once priced below one). A generation batch's curve may fall
     (qwen3-0.6b: 7 rows 741 ms, 8 rows 590; held rising, s128's max gap went +1% -> +17%)."""
-    sizes = _knots(grid_sizes([_size(step, s) for s in samples], samples), tile if step == "prompt" else 0)
+    sizes = knot_sizes(grid_sizes([_size(step, s) for s in samples], samples), tile if step == "prompt" else 0)
     hats = _hats(sizes)
     knot = knot_of(samples) if step == "generate" else np.inf
     n = len(sizes)
     steps = np.tril(np.ones((n, n))) if step == "prompt" else np.eye(n)  # knot k's value: the steps up to it
     H = np.array([[h(_size(step, s)) for h in hats] for s in samples]) @ steps
-    rem = (lambda s: _remainder(_size(step, s), tile)) if step == "prompt" else (lambda s: [])
+    rem = (lambda s: remainder_terms(_size(step, s), tile)) if step == "prompt" else (lambda s: [])
     counted = step == "generate" and counts_faults(samples)
     X = np.hstack([H, np.array([_terms(step, s, knot, counted) + rem(s) for s in samples])])
     y = np.array([s["seconds"] for s in samples])
     known = np.array([copies[0] * s.get("written", 0) + copies[1] * s.get("fresh", 0) for s in samples])
-    x = _nnls(X, y, y - known if step == "prompt" else y)
+    x = nnls(X, y, y - known if step == "prompt" else y)
     dense = Curve(tuple(float(n) for n in sizes), tuple(float(v) for v in steps @ x[:len(sizes)]))
     rest = [float(v) for v in x[len(sizes):]]
     if step == "prompt":
@@ -98,7 +109,7 @@ def fit_step(step: str, samples: list[dict], copies: tuple[float, float] = (0.0,
 def pick_tile(samples: list[dict], copies: tuple[float, float]) -> int:
     """The prompt calls' tile whose form cross-validates best (0: none), when it beats no tile by
     a margin (`calibrate.fit.pdsim.pick_tile`'s rule)."""
-    folds = _folds([_size("prompt", s) for s in samples], random.Random("tile"))
+    folds = size_folds([_size("prompt", s) for s in samples], random.Random("tile"))
     return best_tile(lambda t: _held_out("prompt", samples, folds, copies, t))
 
 
@@ -132,12 +143,12 @@ def fit_mlx_lm(samples: list[dict], iteration: float, seed: int = 0) -> dict:
         if len(pts) < 8:
             raise ValueError(f"mlx-lm calibration has only {len(pts)} {step} points; need at least 8")
         sizes = [_size(step, p) for p in pts]
-        held = _folds(sizes, random.Random(f"{seed}/{step}"))[0]
+        held = size_folds(sizes, random.Random(f"{seed}/{step}"))[0]
         for i, p in enumerate(pts):
             p["held_out"] = i in held
         tile = pick_tile(pts, copies) if step == "prompt" else 0
         e = _held_out(step, pts, [held], copies, tile)
-        cv = _held_out(step, pts, _folds(sizes, random.Random(f"cv{seed}")), copies, tile)
+        cv = _held_out(step, pts, size_folds(sizes, random.Random(f"cv{seed}")), copies, tile)
         errors[step] = {"held_out": len(held), "train": len(pts) - len(held), "form_mean": float(e.mean()),
                         "form_max": float(e.max()), "cv_folds": FOLDS, "cv_form_mean": float(cv.mean()),
                         "cv_form_max": float(cv.max()), "repeat_noise": repeat_noise(pts)}

@@ -2,7 +2,7 @@
 
 The forms (sim/cost/model.py) are linear in their coefficients: dense(n) is a curve through one
 value per measured size (a hat-function basis), plus the attention terms. The fit is a
-non-negative least squares on relative error (relative to the prediction, see `_nnls`), so a 5 ms
+non-negative least squares on relative error (relative to the prediction, see `nnls`), so a 5 ms
 decode counts as much as a 5 s prefill. The batch cache's rebuilds (sync calls, timed apart in
 the engine runs) are fitted first and price the KV token-rows every other call writes.
 Errors are reported two ways: on a seeded quarter of the points per step held out from one fit,
@@ -19,29 +19,33 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.optimize import least_squares, lsq_linear
 
+from calibrate.fit.common import (
+    FOLDS,
+    HELD_OUT,
+    TARGET,
+    best_tile,
+    context_max,
+    grid_sizes,
+    is_single,
+    knot_of,
+    knot_sizes,
+    nnls,
+    noise_of,
+    remainder_terms,
+    repeat_noise,
+    size_folds,
+    speed_by_round,
+)
 from sim.core.errors import InputError
-from sim.cost.noise import measure as measure_noise
-from sim.metrics.residuals import summarize
 from sim.cost.copies import call_copies, is_gather, is_step_growth
 from sim.cost.curve import Curve
 from sim.cost.model import DECODE_FORM, PREFILL_FORM, GridCostModel, LinearCostModel
-
-TARGET = 0.05
-FOLDS = 4  # cross-validation: every point held out once, predicted by a fit of the other three quarters
-
-
-TILES = (0, 8, 16, 32)  # prefill tile candidates (0: none), chosen by cross-validation
-TILE_MARGIN = 0.005  # a tile must cut the cross-validated error by half a point to beat the plain curve
+from sim.metrics.residuals import summarize
 
 
 def _size(step: str, s: dict) -> int:
     """What the dense layers' cost depends on: rows through the weights (a sync: the batch's rows)."""
     return s["chunk"] if step == "prefill" else s["batch"]
-
-
-def _single(s: dict) -> bool:
-    """A decode on the request's own cache (older samples say `batched`: False for batch 1)."""
-    return bool(s.get("single", not s.get("batched", True)))
 
 
 def _attention(step: str, s: dict, knot: float, lone: bool) -> list[float]:
@@ -50,35 +54,11 @@ def _attention(step: str, s: dict, knot: float, lone: bool) -> list[float]:
     single decode its own slope (one column, zero for batches)."""
     if step == "prefill":
         return [s["chunk"] * (s["prefix"] + s["chunk"] / 2), s["prefix"]]
-    x, b = _context_max(s), s["batch"]
-    if lone and _single(s):
+    x, b = context_max(s), s["batch"]
+    if lone and is_single(s):
         return [0.0] * (2 if knot < np.inf else 1) + [x]
     rows = [b * min(x, knot), b * max(0.0, x - knot)] if knot < np.inf else [b * x]
     return rows + [0.0] if lone else rows
-
-
-def _remainder(L: int, tile: int) -> list[float]:
-    """A chunk's rows beyond its last whole tile run slower kernels: [any at all, how many, and
-    the chunk's rows if any] (`sim.cost.curve.remainder_cost`)."""
-    r = L % tile if tile else 0
-    return [float(r > 0), float(r), float(L) * (r > 0)] if tile else []
-
-
-def _knots(sizes: list[int], tile: int) -> list[int]:
-    """Sizes the dense curve passes through: every measured size, or with a tile only the
-    multiples of it (and the ends), so the remainder terms carry what is unaligned."""
-    if not tile:
-        return sizes
-    return sorted({s for s in sizes if s % tile == 0} | {sizes[0], sizes[-1]})
-
-
-def knot_of(samples: list[dict]) -> float:
-    """Where a decode row's attention may change slope: the middle of the measured longest
-    contexts, when the grid measures a stretch at least half as long beyond it (a slope fitted
-    over less would be noise, and it prices every longer context); otherwise none (one slope)."""
-    xs = sorted({round(_context_max(s)) for s in samples if not _single(s) and "source" not in s})  # the grid's
-    mid = xs[len(xs) // 2] if len(xs) >= 3 else np.inf
-    return float(mid) if xs and xs[-1] >= 1.5 * mid else np.inf
 
 
 @dataclass(frozen=True)
@@ -136,13 +116,13 @@ def _step_growth(s: dict) -> bool:
 
 
 def _single_growth(s: dict) -> bool:
-    return s["step"] == "decode" and bool(s.get("written")) and _single(s) and _step_growth(s)
+    return s["step"] == "decode" and bool(s.get("written")) and is_single(s) and _step_growth(s)
 
 
 def _kv(prices, s: dict) -> float:
     """A sample's KV copies at `prices` (a cost model or `Copies`)."""
     return call_copies(prices, s["step"], s.get("joined", 0), s.get("left", 0), s.get("written", 0), s.get("fresh", 0),
-                       _single(s))
+                       is_single(s))
 
 
 def _copy_terms(s: dict, gather: bool = False) -> list[float]:
@@ -150,22 +130,6 @@ def _copy_terms(s: dict, gather: bool = False) -> list[float]:
     w, g = s.get("written", 0), gather and _gather(s)
     terms = [0 if g else w, s.get("fresh", 0), float(s.get("joined", 0) > 0), float(s.get("left", 0) > 0)]
     return terms + [w if g else 0] if gather else terms
-
-
-def _nnls(X: np.ndarray, y: np.ndarray, y_fit: np.ndarray, rounds: int = 4) -> np.ndarray:
-    """Non-negative least squares on relative error, the error relative to the prediction (each
-    row divided by the fitted time, refitted a few times from the measured one): dividing by the
-    measured time instead favours the calls that ran fast, and fits noisy costs low (KV copies,
-    whose page faults vary 30%: 14-17% low). A term no sample exercises stays 0."""
-    used = np.abs(X).sum(axis=0) > 0
-    x = np.zeros(X.shape[1])
-    if not used.any():
-        return x
-    scale = y
-    for _ in range(rounds):
-        x[used] = lsq_linear(X[:, used] / scale[:, None], y_fit / scale, bounds=(0, np.inf)).x
-        scale = np.maximum(X @ x + (y - y_fit), 0.1 * y)  # the predicted time (known terms included), kept > 0
-    return x
 
 
 def fit_copies(samples: list[dict]) -> Copies:
@@ -190,7 +154,7 @@ def fit_copies(samples: list[dict]) -> Copies:
     base = warm if len(warm) >= 4 else samples
     X = np.array([_copy_terms(s, gather=True) for s in base])
     y = np.array([s["seconds"] for s in base])
-    x = _nnls(X, y, y)
+    x = nnls(X, y, y)
     used = np.abs(X).sum(axis=0) > 0
     if used.sum() < len(base):
         log_ratio = lambda v: np.log(np.maximum(X[:, used] @ v, 1e-3 * y) / y)
@@ -319,18 +283,18 @@ def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Co
     if step == "prefill" and tile is None:
         tile = pick_tile(samples, copies or Copies())
     tile = tile or 0
-    knots = _knots(sizes, tile)
+    knots = knot_sizes(sizes, tile)
     knot = knot_of(samples) if step == "decode" else np.inf
-    lone = step == "decode" and any(_single(s) for s in samples) and len(sizes) > 1
+    lone = step == "decode" and any(is_single(s) for s in samples) and len(sizes) > 1
     hats = [Curve(tuple(knots), tuple(float(i == k) for i in range(len(knots)))) for k in range(len(knots))]
     if step == "prefill":
-        extra = lambda s: _remainder(s["chunk"], tile)
+        extra = lambda s: remainder_terms(s["chunk"], tile)
     else:
         extra = (lambda s: []) if copies is not None else _copy_terms
     X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s, knot, lone) + extra(s) for s in samples])
     y = np.array([s["seconds"] for s in samples])
     known = copies or Copies()
-    x = _nnls(X, y, y - np.array([known.of(s) for s in samples]))
+    x = nnls(X, y, y - np.array([known.of(s) for s in samples]))
     dense = [[float(n), float(v)] for n, v in zip(knots, x)]
     n_att = len(_attention(step, samples[0], knot, lone))
     att = [float(c) for c in x[len(knots):len(knots) + n_att]]
@@ -344,24 +308,8 @@ def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Co
 def pick_tile(samples: list[dict], copies: Copies = Copies()) -> int:
     """The prefill tile whose form cross-validates best (0: a plain curve through every size),
     when it beats the plain curve by a margin: with a few unaligned lengths two tiles can tie."""
-    folds = _folds([s["chunk"] for s in samples], random.Random("tile"))
+    folds = size_folds([s["chunk"] for s in samples], random.Random("tile"))
     return best_tile(lambda t: _held_out_errors("prefill", samples, folds, tile=t, copies=copies)[0])
-
-
-def best_tile(errors) -> int:
-    """Of `TILES`, the one whose cross-validated errors (`errors(tile)`, an array) are lowest on
-    average, if it beats no tile by `TILE_MARGIN`; else 0."""
-    errs = {t: float(errors(t).mean()) for t in TILES}
-    best = min(errs, key=errs.get)
-    return best if errs[0] - errs[best] > TILE_MARGIN else 0
-
-
-def grid_sizes(sizes: list[int], samples: list[dict]) -> list[int]:
-    """The sizes a dense curve's knots sit at: the grid's points' (medians over rounds), not an
-    engine run's one-off call's; every size where no sample is the grid's (`sizes[i]` is
-    `samples[i]`'s)."""
-    grid = {n for n, s in zip(sizes, samples) if "source" not in s}
-    return sorted(grid or set(sizes))
 
 
 def _grid_points(step: str, samples: list[dict]) -> np.ndarray:
@@ -370,8 +318,8 @@ def _grid_points(step: str, samples: list[dict]) -> np.ndarray:
     grid = [s for s in samples if "source" not in s]
     if step == "prefill":
         return np.array([[s["chunk"], s["prefix"], s["seconds"]] for s in grid], float)
-    plain = [s for s in grid if not _single(s)]
-    return np.array([[s["batch"], _context_max(s), s["seconds"]] for s in plain], float)
+    plain = [s for s in grid if not is_single(s)]
+    return np.array([[s["batch"], context_max(s), s["seconds"]] for s in plain], float)
 
 
 def _rel_errors(pred: np.ndarray, samples: list[dict]) -> np.ndarray:
@@ -387,22 +335,15 @@ def _predict(model, step: str, samples: list[dict]) -> np.ndarray:
     member = np.array([model.membership(s.get("joined", 0), s.get("left", 0), _contexts(s)) for s in samples])
     if step == "sync":
         return copy + member
-    return copy + member + np.array([model.decode(_contexts(s), _single(s)) for s in samples])
+    return copy + member + np.array([model.decode(_contexts(s), is_single(s)) for s in samples])
 
 
 def _contexts(s: dict) -> list[float]:
     """A batch with the sample's size and longest context: what the decode form depends on (a
     single decode of several requests: each its own context)."""
-    if _single(s) and "contexts" in s:
+    if is_single(s) and "contexts" in s:
         return list(s["contexts"])
-    return [_context_max(s)] * s["batch"]
-
-
-def _context_max(s: dict) -> float:
-    return s["context_max"] if "context_max" in s else s["context_sum"] / s["batch"]
-
-
-HELD_OUT = "held-out:"  # the source of engine-run calls that are never fitted, only priced
+    return [context_max(s)] * s["batch"]
 
 
 def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -> dict:
@@ -434,11 +375,11 @@ def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -
             raise InputError(f"calibration has only {len(pts)} {step} points; need at least 4")
         tile = pick_tile(pts, copies or Copies()) if step == "prefill" else None
         sizes = [_size(step, p) for p in pts]
-        held = _folds(sizes, random.Random(f"{seed}/{step}"))[0]  # a quarter, every size represented
+        held = size_folds(sizes, random.Random(f"{seed}/{step}"))[0]  # a quarter, every size represented
         for i, p in enumerate(pts):
             p["held_out"] = i in held
         e_form, e_grid = _held_out_errors(step, pts, [held], tile, copies)
-        folds = _folds(sizes, random.Random(f"cv{seed}"))
+        folds = size_folds(sizes, random.Random(f"cv{seed}"))
         cv_form, cv_grid = _held_out_errors(step, pts, folds, tile, copies)
         errors[step] = {"held_out": len(held), "train": len(pts) - len(held),
                         "form_mean": float(e_form.mean()), "form_max": float(e_form.max()),
@@ -526,22 +467,12 @@ def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:
 
 def replay_speeds(calls: list[dict]) -> dict[str, dict[str, float]]:
     """Per engine run, the machine speed its calls' times were brought back from
-    (`calibrate.calibration.run_speeds`; 1.0: timed at the calibration's speed)."""
+    (`calibrate.measure.engine_runs.run_speeds`; 1.0: timed at the calibration's speed)."""
     out: dict[str, dict[str, float]] = {}
     for s in calls:
         out.setdefault(s["source"].split(":", 1)[-1], {})["prefill" if s["step"] == "prefill" else "decode"] = \
             float(s.get("speed", 1.0))
     return out
-
-
-def _folds(sizes: list[int], rng: random.Random) -> list[set[int]]:
-    """`FOLDS` disjoint test sets covering every point once (k-fold cross-validation), stratified
-    by measured size: each size's points are dealt across the folds, so no fit loses most of a
-    size (with three lone decodes, two held out together left one to fix both its terms)."""
-    order = list(range(len(sizes)))
-    rng.shuffle(order)
-    order.sort(key=lambda i: sizes[i])  # stable: shuffled within a size
-    return [set(order[k::FOLDS]) for k in range(FOLDS)]
 
 
 def _held_out_errors(step: str, pts: list[dict], tests: list[set[int]], tile: int | None = None,
@@ -563,40 +494,13 @@ def fit_copy(samples: list[dict]) -> list[float]:
     the join and leave steps of profiles made before KV copies were priced; [] without any."""
     if not samples:
         return []
-    X = np.array([[1.0, s["batch"], s["batch"] * _context_max(s)] for s in samples])
+    X = np.array([[1.0, s["batch"], s["batch"] * context_max(s)] for s in samples])
     y = np.array([s["seconds"] for s in samples])
     w = 1.0 / np.maximum(y, 1e-3)  # extra times can be ~0 (noise): weigh them as 1 ms
     res = lsq_linear(X * w[:, None], y * w, bounds=(0, np.inf))
     for s, f in zip(samples, X @ res.x):
         s["fitted"] = float(f)
     return [float(c) for c in res.x]
-
-
-def noise_of(samples: list[dict], speeds: list[float]) -> dict:
-    """The calls' own noise (`sim.cost.noise`), for predicting tails: {"noise": ...}, or {} when the
-    grid repeated too few points to say."""
-    noise = measure_noise(samples, speeds)
-    return {"noise": noise.to_json()} if noise is not None else {}
-
-
-def speed_by_round(samples: list[dict]) -> list[float]:
-    """Each round's timings over their points' medians (the median ratio): how fast the machine
-    ran in that round. Rounds minutes apart differ by 10-20% on a shared VM; a calibration
-    predicts the machine's average speed over its rounds, and a later run on a faster or slower
-    machine misses by that much."""
-    by: dict[int, list[float]] = {}
-    for s in samples:
-        for r, t in enumerate(s.get("times", ())):
-            if s["seconds"] > 0:
-                by.setdefault(r, []).append(t / s["seconds"])
-    return [float(np.median(by[r])) for r in sorted(by)]
-
-
-def repeat_noise(samples: list[dict]) -> float:
-    """How far one timing lies from its point's median, on average (relative): the noise floor
-    that held-out errors should be read against."""
-    dev = [abs(t - s["seconds"]) / s["seconds"] for s in samples for t in s.get("times", ()) if s["seconds"] > 0]
-    return float(np.mean(dev)) if dev else 0.0
 
 
 def _grid_model(step: str, lin: LinearCostModel, train: list[dict]) -> GridCostModel:

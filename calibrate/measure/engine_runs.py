@@ -10,23 +10,30 @@ says per call kind how well the fitted model prices the calls a real run makes.
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 from typing import Iterator
 
 from tqdm import tqdm
 
 import policies
+from calibrate.engine.model import LoadedModel
+from calibrate.fit.common import HELD_OUT
+from calibrate.measure.journal import Journal
+from calibrate.measure.speed_probe import PREFILLS, timed_speed
 from calibrate.measure.worker import RunFailed, run_fresh, warmup_of
 from sim.core.errors import UserError
 from sim.cost.model import LinearCostModel
+from sim.cost.speed import MachineSpeed
 from sim.engine.kvcache import STEP
 from sim.engine.log import Call, EventLog
-from sim.replay import warmed
 from sim.engine.relog import relog, served
 from sim.metrics.residuals import call_kind, size_bucket
+from sim.replay import warmed
 from traces.generators import fixed, poisson
 from traces.trace import Trace
 
@@ -149,3 +156,91 @@ def relogged(trace: Trace, log: dict, setting: dict, policy_cost=None, kv_bytes:
     heap = None if warmup_with is None else \
         warmed(warmup_of(trace, warmup_with), policies.make(**setting, cost=policy_cost or cost), cost)
     return relog(trace, run, heap)
+
+
+class EngineRuns:
+    """The calibration's engine workloads (`calibrate.measure.engine_runs`), each run once, between the grid's
+    rounds: the machine's speed drifts over minutes, and runs timed after the whole grid would
+    see another machine than the grid did. A finished run's log is kept in the partial file, so
+    an interrupted calibration does not run it again."""
+
+    def __init__(self, lm: LoadedModel, loads: dict[str, list[Workload]], journal: Journal, progress: bool = True):
+        self.loads, self.journal, self.partial, self.progress = loads, journal, journal.path, progress
+        self.model = {"name": lm.name, "dtype": lm.dtype, "quant_bits": lm.quant_bits, "weights": lm.source}
+        self.done: dict[str, dict] = {}
+        self.probes: dict[str, dict] = {}
+
+    def schedule(self, rounds: int) -> list[list[Workload]]:
+        """Which workloads run after each round: train and held-out ones alternating, spread evenly."""
+        parts = list(self.loads.values())
+        order = [w for group in zip_longest(*parts) for w in group if w is not None]
+        return [order[len(order) * r // rounds:len(order) * (r + 1) // rounds] for r in range(rounds)]
+
+    def run(self, loads: list[Workload]) -> None:
+        self._read()
+        todo = [w for w in loads if w.name not in self.done]
+        folder = self.partial.with_name(self.partial.name + ".runs")
+        for w, (log, probe) in zip(todo, run_workloads(self.model, todo, folder, self.progress)):  # saved as each ends
+            self.done[w.name], self.probes[w.name] = log, probe
+            self.journal.append({"workload": w.name, "log": log, "probe": probe})
+
+    def records(self) -> list[dict]:
+        """Every workload's run (running any not run yet): its part (train, held_out), setting,
+        trace, log and speed probe, as the profile keeps them (`engine_samples` derives the
+        samples again; a confirm times its probes against these, `calibrate.measure.speed_probe`)."""
+        self.run([w for ws in self.loads.values() for w in ws])
+        shutil.rmtree(self.partial.with_name(self.partial.name + ".runs"), ignore_errors=True)
+        return [{"name": w.name, "part": part, "setting": w.setting, "trace": w.trace.to_dict(),
+                 "log": self.done[w.name], **({"probe": self.probes[w.name]} if w.name in self.probes else {})}
+                for part, ws in self.loads.items() for w in ws]
+
+    def _read(self) -> None:
+        for row in self.journal.records:
+            if "workload" not in row:
+                continue  # the grid's timings
+            try:
+                EventLog.from_dict(row["log"])  # a whole log, or skip it
+                self.done.setdefault(row["workload"], row["log"])
+                if row.get("probe"):  # partial files before stop 25 kept none
+                    self.probes.setdefault(row["workload"], row["probe"])
+            except (KeyError, TypeError, ValueError):
+                continue
+
+
+def engine_samples(runs: list[dict]) -> list[dict]:
+    """The calls of the calibration's engine runs as samples (held-out runs marked), their KV
+    buffers derived from the calls by today's state machine (`sim.engine.relog`), so a refit of an
+    older profile prices them by today's rules; each call's time at the calibration's speed
+    (`run_speeds`: `speed` the factor applied, `measured` the time as timed)."""
+    out, speeds = [], run_speeds(runs)
+    for r in runs:
+        log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
+        out += brought_back(samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"]),
+                            speeds.get(r["name"]))
+    return out
+
+
+def brought_back(samples: list[dict], speed: MachineSpeed | None) -> list[dict]:
+    """Samples of a run timed at `speed` (None: the calibration's), their times at the
+    calibration's speed: prefill chunks by the prefill speed, every other call by the decode speed."""
+    out = []
+    for s in samples:
+        f = 1.0 if speed is None else speed.prefill if s["step"] in PREFILLS else speed.decode
+        out.append(dict(s, seconds=s["seconds"] * f, measured=s["seconds"], speed=f) if f != 1.0 else s)
+    return out
+
+
+def run_speeds(runs: list[dict]) -> dict[str, MachineSpeed]:
+    """Each engine run's machine speed against the calibration's: the probes served just before
+    and after it timed against the median over every run's probes (`timed_speed`, no price in
+    it; profiles from before the probe after have the one before only). A shared
+    VM slows down for minutes at a time (one held-out run here at 0.77x on prefills, 0.84x on
+    decodes, the others at 0.99-1.06x): unadjusted, its replay table reads the slowdown as the
+    model's error, and a slowed training run moves the join and leave prices fitted from its
+    calls. A probe lasts about 6 s: one before the run alone over-corrected by 7-10% there, and
+    in another calibration read 0.72x for a run that ran at 1.0x."""
+    probes = {r["name"]: [EventLog.from_dict(d) for d in r["probe"]["logs"]]
+              for r in runs if (r.get("probe") or {}).get("logs")}
+    reference = [log for logs in probes.values() for log in logs]
+    speeds = {name: timed_speed(logs, reference) for name, logs in probes.items()} if len(probes) > 1 else {}
+    return {name: s for name, s in speeds.items() if s is not None}

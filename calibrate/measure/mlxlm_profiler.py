@@ -16,9 +16,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from calibrate.engine.executor import minor_faults
-from calibrate.measure.grid import MlxLmGrid
 from calibrate.engine.mlxlm_batches import G
 from calibrate.engine.model import LoadedModel
+from calibrate.measure.grid import MlxLmGrid
 from calibrate.measure.profiler import _timed, master_cache
 from sim.engine.kvcache import BatchCache, write
 

@@ -20,10 +20,10 @@ from tqdm import tqdm
 
 import policies
 from calibrate.engine.executor import RealEngine
-from calibrate.measure.grid import Grid
-from calibrate.measure.journal import Journal
 from calibrate.engine.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
 from calibrate.engine.model import LoadedModel
+from calibrate.measure.grid import Grid
+from calibrate.measure.journal import Journal
 from sim.engine.kvcache import write
 from traces.generators import tinyllm
 

@@ -29,12 +29,11 @@ import time
 import numpy as np
 
 import policies
-
 from calibrate.engine.executor import RealEngine
 from sim.cost.model import CostModel
+from sim.cost.speed import MachineSpeed
 from sim.engine.log import Call, EventLog
 from sim.metrics.residuals import call_kind, call_ratios
-from sim.cost.speed import MachineSpeed
 from traces.generators import fixed
 from traces.trace import Trace
 

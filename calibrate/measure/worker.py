@@ -14,11 +14,11 @@ from pathlib import Path
 
 import policies
 from calibrate.engine.executor import RealEngine
-from calibrate.host.machine import host_info
 from calibrate.engine.model import build_as_profiled
+from calibrate.host.machine import host_info
 from calibrate.measure.speed_probe import Probe
-from sim.cost.profile import cost_model
 from sim.core.files import atomic_write_json
+from sim.cost.profile import cost_model
 from traces.trace import Request, Trace, load_jsonl
 
 

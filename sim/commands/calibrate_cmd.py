@@ -112,10 +112,10 @@ def run_mlx_lm(args: argparse.Namespace, grid_name: str, overrides: dict) -> int
     """`--engine mlx-lm`: mlx-lm BatchGenerator's calls (`calibrate.mlxlm_calibration`)."""
     from dataclasses import replace
 
-    from calibrate.measure.grid import MLX_GRIDS
     from calibrate.host.machine import host_info
+    from calibrate.measure.grid import MLX_GRIDS
     from calibrate.mlxlm_calibration import calibrate_mlx_lm
-    from calibrate.profile_paths import default_profile_path
+    from calibrate.profiles import default_profile_path
     unused = [k for k in overrides if k != "repeats"]
     if unused or args.add_rounds or args.from_runs:
         bad = f"--{unused[0]}" if unused else "--add-rounds" if args.add_rounds else "--from-runs"

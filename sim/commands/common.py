@@ -6,22 +6,19 @@ import math
 from pathlib import Path
 
 import policies
-from policies.budget import is_adaptive
-from sim.engine.memory import NO_MEMORY_NOTE
-from sim.cost.profile import BUILTIN, check_profile_matches, cost_model, load_profile
-from sim.core.errors import InputError
-from sim.engine.kvlimit import check_kv_limits  # noqa: F401 (the commands' check, with the others here)
-from sim.engine.memory import parse_kv_limit
-from sim.metrics.scoring import Slo, parse_slo
-from policies.budget import IDLE_BUDGETS
+from policies.budget import IDLE_BUDGETS, is_adaptive
 from policies.options import DEFAULTS
 from policies.settings import MLX_LM_DEFAULTS, grid_settings, unique
-from traces.generators import BURSTINESS_HELP, GENERATORS, MAX_REQUESTS, MAX_WITH_IDS
+from sim.core.errors import InputError
+from sim.cost.profile import BUILTIN, check_profile_matches, cost_model, load_profile
+from sim.engine.kvlimit import check_kv_limits  # noqa: F401 (the commands' check, with the others here)
+from sim.engine.memory import NO_MEMORY_NOTE, parse_kv_limit
+from sim.metrics.scoring import Slo, parse_slo
 from traces.classes import parse_class_slo, with_class_targets
+from traces.generators import BURSTINESS_HELP, GENERATORS, MAX_REQUESTS, MAX_WITH_IDS
 from traces.load import accepted_options, resolve
 from traces.schema import MAX_TOKENS
 from traces.trace import Trace
-
 
 # Every argument is checked by its type when argparse reads it, before the first second of work:
 # a number is finite, and a count has an upper bound past which it can only be a typo (a run of

@@ -4,14 +4,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sim.commands.common import (add_policy_args, add_trace_args, finite_float, positive_float, settings_from_args,
-                                 trace_from_args, whole)
+from sim.commands.common import (
+    add_policy_args,
+    add_trace_args,
+    finite_float,
+    positive_float,
+    settings_from_args,
+    trace_from_args,
+    whole,
+)
 from sim.predict import REPLICAS
 
 NEEDS_MLX = True
 SPEED_SPREAD = 0.10  # runs' speeds further apart than this: the machine, not the model
 MEMORY_SLOW = 0.75  # fresh memory slower than this against the calibration: a call that faults pages in runs long
-# how a confirm's probes were read (`calibrate.confirm.protocol.probed_speed`'s `method`)
+# how a confirm's probes were read (`calibrate.confirm.score.probed_speed`'s `method`)
 PROBE_METHODS = {"positional": "each timed against the calibration's probes in the same place",
                  "priced": "priced by the profile", "timed": "timed against the calibration's probes"}
 
@@ -52,8 +59,8 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from calibrate.confirm.protocol import confirm, rescore
-    from sim.cost.profile import load_profile
     from sim.core.inputs import read_json_object
+    from sim.cost.profile import load_profile
     prof = load_profile(args.profile)
     if args.rescore:
         report = rescore(read_json_object(args.rescore, "confirm report"), prof, Path(args.out), args.stall_ms,
@@ -66,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_report(report: dict, out: str, tolerance: float | None) -> int:
-    from sim.metrics.decisions import summary as paths_summary
     from sim.core.table import fmt, table
+    from sim.metrics.decisions import summary as paths_summary
     print(f"gate: chunked logits match one-shot (rtol=atol=1e-3): "
           f"{all(g['ok'] for g in report['gate']['logits'])}; identical greedy tokens across settings: "
           f"{report['gate']['greedy_tokens_identical']} (timed runs: {report['gate']['timed_runs_identical_tokens']})")

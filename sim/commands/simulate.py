@@ -13,15 +13,24 @@ from pathlib import Path
 from tqdm import tqdm
 
 import policies
-from sim.commands.common import (add_policy_args, add_profile_args, add_slo_args, add_trace_args, check_kv_limits,
-                                 check_traces_fit, cost_from_args, settings_from_args, slo_from_args,
-                                 trace_from_args)
-from sim.core.files import atomic_write_json, check_output
-from sim.metrics.registry import METRICS, SUMMARY
-from sim.metrics.scoring import CLASS_SHOWN, class_metrics
-from sim.metrics.scored_log import simulate_scored
 from policies.settings import setting_label
+from sim.commands.common import (
+    add_policy_args,
+    add_profile_args,
+    add_slo_args,
+    add_trace_args,
+    check_kv_limits,
+    check_traces_fit,
+    cost_from_args,
+    settings_from_args,
+    slo_from_args,
+    trace_from_args,
+)
+from sim.core.files import atomic_write_json, check_output
 from sim.core.table import table
+from sim.metrics.registry import METRICS, SUMMARY
+from sim.metrics.scored_log import simulate_scored
+from sim.metrics.scoring import CLASS_SHOWN, class_metrics
 from sim.metrics.tally import ESTIMATE_NOTE, RequestTable
 
 SHOWN_REQUESTS = 12  # a trace this short gets its per-request table printed

@@ -5,15 +5,33 @@ import argparse
 import os
 from pathlib import Path
 
-from sim.metrics import registry
-from sim.commands.common import (add_policy_args, add_profile_args, add_trace_args, check_kv_limits, check_traces_fit,
-                                 cost_from_args, positive_float, positive_int, settings_from_args, traces_from_args)
+from sim.commands.common import (
+    add_policy_args,
+    add_profile_args,
+    add_trace_args,
+    check_kv_limits,
+    check_traces_fit,
+    cost_from_args,
+    positive_float,
+    positive_int,
+    settings_from_args,
+    traces_from_args,
+)
 from sim.core.outdir import OutputFolder
-from sim.sweep.pick import Pick, parse_objective
-from sim.sweep.run import SweepError
-from sim.sweep.results import (RESULT_NAMES, SweepPlan, SweepResult, log_points, results_doc, run_plan, save_logs,
-                               write_results)
 from sim.core.table import fmt, table
+from sim.metrics import registry
+from sim.sweep.pick import Pick, parse_objective
+from sim.sweep.results import (
+    RESULT_NAMES,
+    SweepPlan,
+    SweepResult,
+    log_points,
+    results_doc,
+    run_plan,
+    save_logs,
+    write_results,
+)
+from sim.sweep.run import SweepError
 
 GRID_OPTIONS = ("--trace", "--policy", "--budget", "--batch-size", "--decode", "--order", "--queue", "--aging-s",
                 "--prefill-step", "--prompt-concurrency", "--decode-concurrency", "--idle-budget", "--kv-limit")

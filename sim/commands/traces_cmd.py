@@ -4,8 +4,15 @@ from __future__ import annotations
 import argparse
 import math
 
-from sim.commands.common import (add_shaping_args, add_trace_args, positive_float, positive_fraction, seed_int,
-                                 trace_from_args, traces_from_args)
+from sim.commands.common import (
+    add_shaping_args,
+    add_trace_args,
+    positive_float,
+    positive_fraction,
+    seed_int,
+    trace_from_args,
+    traces_from_args,
+)
 from sim.core.files import check_output, dumps
 from sim.core.table import table
 from traces.classes import classes

@@ -67,8 +67,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import shutil
 
-    from calibrate.host.machine import host_info
     from calibrate.engine.model import QWEN3_CONFIGS
+    from calibrate.host.machine import host_info
     from sim.core.errors import UserError
     from sim.sweep.results import SweepPlan
 
@@ -102,13 +102,16 @@ def _run(args: argparse.Namespace, out: Path, host: dict, preset: dict) -> int:
     from calibrate.calibration import calibrate
     from calibrate.confirm.protocol import confirm
     from calibrate.measure.grid import GRIDS
-    from calibrate.profile_paths import default_profile_path
-    from sim.commands import calibrate_cmd, confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
-    from sim.cost.profile import check_profile_matches, cost_model, load_profile
-    from sim.cost.schema import ProfileError
-    from sim.sweep.pick import Objective
-    from sim.report import make_report
+    from calibrate.profiles import default_profile_path
     from policies.settings import grid_settings, setting
+    from sim.commands import calibrate_cmd
+    from sim.commands import confirm as confirm_cmd
+    from sim.commands import report as report_cmd
+    from sim.commands import sweep as sweep_cmd
+    from sim.cost.fields import ProfileError
+    from sim.cost.profile import check_profile_matches, cost_model, load_profile
+    from sim.report import make_report
+    from sim.sweep.pick import Objective
     from sim.sweep.results import SweepPlan
     from traces.generators import tinyllm
 
@@ -176,11 +179,13 @@ def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
     from calibrate.confirm.protocol import confirm
     from calibrate.engine.model import HF_REPOS
     from policies.mlxlm import server_command
-    from sim.commands import confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
-    from sim.cost.profile import cost_model
-    from sim.sweep.pick import Objective
-    from sim.report import make_report
     from policies.settings import grid_settings, setting
+    from sim.commands import confirm as confirm_cmd
+    from sim.commands import report as report_cmd
+    from sim.commands import sweep as sweep_cmd
+    from sim.cost.profile import cost_model
+    from sim.report import make_report
+    from sim.sweep.pick import Objective
     from sim.sweep.results import SweepPlan
     from traces.generators import poisson
 

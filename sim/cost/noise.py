@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Callable, Iterable
 
-
 POINTS = 41  # quantiles stored: probabilities 0, 1/40, ..., 1
 MIN_CALLS = 60  # fewer timings than this say too little about a tail
 NOISY = 1.3  # a p95 above this: other work ran in most rounds (quiet calibrations here: 1.14-1.17)

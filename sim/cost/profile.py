@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from sim.cost.curve import Curve
+from sim.cost.fields import ProfileError
 from sim.cost.mlxlm import mlx_lm_costs
 from sim.cost.model import GridCostModel, LinearCostModel
-from sim.cost.schema import ProfileError, read_profile
+from sim.cost.schema import read_profile
 from sim.engine.memory import device_kv_tokens, memory_model, profile_kv_bytes
 
 BUILTIN = Path(__file__).parents[1] / "data" / "illustrative-m4pro-qwen3-0.6b.json"

@@ -20,15 +20,23 @@ checked is what pdsim reads:
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
-from sim.core.errors import InputError
 from sim.core.inputs import read_json_object
-
-
-class ProfileError(InputError):
-    """A profile that cannot be used; the message names the file and the problem."""
+from sim.cost.fields import (
+    ProfileError,
+    Where,
+    cost_value,
+    curve,
+    is_number,
+    kind,
+    numbers,
+    obj,
+    points,
+    text,
+    tile,
+    whole,
+)
 
 STEPS = ("prefill", "decode")
 SAMPLE_STEPS = ("prefill", "decode", "sync", "overhead", "join", "leave", "prompt", "generate")  # the last two: mlx-lm's
@@ -43,104 +51,31 @@ def read_profile(path: str | Path) -> dict:
     return prof
 
 
-class _Where:
-    """Builds the one-line error: 'profile PATH: FIELD problem'."""
-
-    def __init__(self, path) -> None:
-        self.path = path
-
-    def fail(self, field: str, problem: str) -> ProfileError:
-        return ProfileError(f"profile {self.path}: {field!r} {problem}")
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _kind(x) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(x), "a number")
-
-
-MAX_NUMBER = 1e12  # past this a cost (30,000 years) or a size is a corrupt field; sums of such overflow to inf
-
-
-def _cost(w: _Where, v, field: str, lo: float = 0.0) -> float:
-    """A finite number in [lo, MAX_NUMBER] (seconds, or seconds per unit, or a size)."""
-    if not _is_number(v):
-        raise w.fail(field, f"must be a number, got {_kind(v)}")
-    if not math.isfinite(v):
-        raise w.fail(field, f"must be a finite number, got {v}")
-    if v < lo:
-        raise w.fail(field, f"is {v}: a cost must be >= {lo:g} (a call never takes less than no time)")
-    if v > MAX_NUMBER:
-        raise w.fail(field, f"is {v:g}: larger than any cost or size a profile holds (at most {MAX_NUMBER:g})")
-    return v
-
-
-def _obj(w: _Where, v, field: str) -> dict:
-    if not isinstance(v, dict):
-        raise w.fail(field, f"must be a JSON object, got {_kind(v)}")
-    return v
-
-
-def _text(w: _Where, d: dict, key: str, field: str, required: bool = False) -> None:
-    if key not in d:
-        if required:
-            raise w.fail(field, "is missing")
-        return
-    if not isinstance(d[key], str) or (required and not d[key].strip()):
-        raise w.fail(field, f"must be a {'non-empty ' if required else ''}string, got {_kind(d[key])}")
-
-
-def _numbers(w: _Where, v, field: str, sizes: tuple[int, ...] | None = None, lo: float = 0.0) -> list:
-    if not isinstance(v, list):
-        raise w.fail(field, f"must be a list of numbers, got {_kind(v)}")
-    if sizes is not None and len(v) not in sizes:
-        raise w.fail(field, f"must hold {' or '.join(map(str, sizes))} numbers, got {len(v)}")
-    for i, x in enumerate(v):
-        _cost(w, x, f"{field}[{i}]", lo)
-    return v
-
-
-def _whole(w: _Where, v, field: str, lo: int = 0, hi: int | None = None) -> int:
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if not _is_int(v) or v < lo or (hi is not None and v > hi):
-        raise w.fail(field, f"must be a whole number >= {lo}" + (f" and <= {hi:,}" if hi else "") +
-                     f", got {v if _is_number(v) else _kind(v)}")
-    return v
-
-
 def check_profile(prof: dict, path) -> None:
     """Raise ProfileError naming the file and the field for anything pdsim would misread."""
-    w = _Where(path)
+    w = Where(path)
     for key in ("model", "device", "cost"):
         if key not in prof:
             raise ProfileError(f"profile {path}: missing required field {key!r}")
-    model = _obj(w, prof["model"], "model")
-    _text(w, model, "name", "model.name", required=True)
+    model = obj(w, prof["model"], "model")
+    text(w, model, "name", "model.name", required=True)
     for key in ("dtype", "weights"):
         if model.get(key) is not None:
-            _text(w, model, key, f"model.{key}")
+            text(w, model, key, f"model.{key}")
     if model.get("quant_bits") is not None:
-        _whole(w, model["quant_bits"], "model.quant_bits", 1, 64)
+        whole(w, model["quant_bits"], "model.quant_bits", 1, 64)
     if model.get("max_context") is not None:
-        _whole(w, model["max_context"], "model.max_context", 1)
+        whole(w, model["max_context"], "model.max_context", 1)
     if "shapes" in model:
-        _obj(w, model["shapes"], "model.shapes")
-    device = _obj(w, prof["device"], "device")
+        obj(w, model["shapes"], "model.shapes")
+    device = obj(w, prof["device"], "device")
     for key in ("id", "name", "kind"):
-        _text(w, device, key, f"device.{key}")
+        text(w, device, key, f"device.{key}")
     if device.get("memory_limit_bytes") is not None:  # MLX's memory limit there (`sim.engine.memory.device_kv_tokens`)
-        _whole(w, device["memory_limit_bytes"], "device.memory_limit_bytes", 1)
+        whole(w, device["memory_limit_bytes"], "device.memory_limit_bytes", 1)
     if "illustrative" in prof and not isinstance(prof["illustrative"], bool):
         raise w.fail("illustrative", "must be true or false")
-    check_cost(w, _obj(w, prof["cost"], "cost"))
+    check_cost(w, obj(w, prof["cost"], "cost"))
     if "samples" in prof:
         check_samples(w, prof["samples"])
     if "grid" in prof:
@@ -148,50 +83,50 @@ def check_profile(prof: dict, path) -> None:
     if "engine_runs" in prof:
         check_engine_runs(w, prof["engine_runs"])
     if "fit" in prof:
-        fit = _obj(w, prof["fit"], "fit")
+        fit = obj(w, prof["fit"], "fit")
         if "noise" in fit:
-            check_noise(w, _obj(w, fit["noise"], "fit.noise"))
+            check_noise(w, obj(w, fit["noise"], "fit.noise"))
     if prof.get("memory") is not None:
-        check_memory(w, _obj(w, prof["memory"], "memory"))
+        check_memory(w, obj(w, prof["memory"], "memory"))
 
 
-def check_noise(w: _Where, noise: dict) -> None:
+def check_noise(w: Where, noise: dict) -> None:
     """Quantiles of a call's time factor (`sim.cost.noise`): at least two, finite, > 0, not decreasing."""
-    q = _numbers(w, noise.get("quantiles"), "fit.noise.quantiles", lo=1e-6)
+    q = numbers(w, noise.get("quantiles"), "fit.noise.quantiles", lo=1e-6)
     if len(q) < 2 or any(b < a for a, b in zip(q, q[1:])):
         raise w.fail("fit.noise.quantiles", "must hold at least two numbers, not decreasing (they are quantiles)")
-    _whole(w, noise.get("calls"), "fit.noise.calls", lo=1)
+    whole(w, noise.get("calls"), "fit.noise.calls", lo=1)
 
 
-def check_memory(w: _Where, m: dict) -> None:
+def check_memory(w: Where, m: dict) -> None:
     """The `memory` section (`sim.engine.memory.MemoryModel`): sizes in bytes and activation coefficients."""
     if m.get("prefill") is None and m.get("decode") is None:
         return  # measured nothing (an MLX without peak-memory counters): no model, a null metric
     for key in ("weights_bytes", "kv_bytes_per_token"):
         if key not in m:
             raise w.fail(f"memory.{key}", "is missing")
-        _cost(w, m[key], f"memory.{key}")
+        cost_value(w, m[key], f"memory.{key}")
     for key, n in (("prefill", 4), ("decode", 3)):
         if key not in m:
             raise w.fail(f"memory.{key}", f"is missing ({n} numbers)")
-        _numbers(w, m[key], f"memory.{key}", (n,))
+        numbers(w, m[key], f"memory.{key}", (n,))
 
 
-def check_cost(w: _Where, cost: dict) -> None:
+def check_cost(w: Where, cost: dict) -> None:
     if "mlx_lm" in cost:
-        check_mlx_lm(w, _obj(w, cost["mlx_lm"], "cost.mlx_lm"))
+        check_mlx_lm(w, obj(w, cost["mlx_lm"], "cost.mlx_lm"))
         if "prefill" not in cost and "decode" not in cost:  # a profile of mlx-lm's BatchGenerator only
             return
     uses_grid = False
     for step in STEPS:
         if step not in cost:
             raise w.fail(f"cost.{step}", "is missing")
-        sec = _obj(w, cost[step], f"cost.{step}")
+        sec = obj(w, cost[step], f"cost.{step}")
         if "coef" not in sec:
             raise w.fail(f"cost.{step}.coef", "is missing (3 or 4 numbers)")
-        _numbers(w, sec["coef"], f"cost.{step}.coef", (3, 4))
+        numbers(w, sec["coef"], f"cost.{step}.coef", (3, 4))
         if sec.get("dense") is not None:
-            _curve(w, sec["dense"], f"cost.{step}.dense")
+            curve(w, sec["dense"], f"cost.{step}.dense")
         use = sec.get("use", cost.get("use", "fit"))
         if use not in ("fit", "grid"):
             raise w.fail(f"cost.{step}.use" if "use" in sec else "cost.use", f"must be \"fit\" or \"grid\", got {use!r}")
@@ -204,103 +139,72 @@ def check_cost(w: _Where, cost: dict) -> None:
         for step in STEPS:
             if "grid" not in cost[step]:
                 raise w.fail(f"cost.{step}.grid", "is missing: a profile that uses the grid needs its points")
-            _points(w, cost[step]["grid"], f"cost.{step}.grid")
+            points(w, cost[step]["grid"], f"cost.{step}.grid")
     dec, pre = cost["decode"], cost["prefill"]
     knot = dec.get("knot")
     if len(dec["coef"]) == 4 and knot is None:
         raise w.fail("cost.decode.knot", "is missing: 4 decode coefficients need the context where the slope changes")
     if knot is not None:
-        _cost(w, knot, "cost.decode.knot")
+        cost_value(w, knot, "cost.decode.knot")
         if knot <= 0:
             raise w.fail("cost.decode.knot", "must be a context > 0")
     if dec.get("lone") is not None:
-        _cost(w, dec["lone"], "cost.decode.lone")
+        cost_value(w, dec["lone"], "cost.decode.lone")
     for key in ("iteration", "copy", "fresh", "gather", "fresh_step", "fresh_step_faults", "grow", "grow_single",
                 "grow_single_faults"):
         if key in cost:
-            _cost(w, cost[key], f"cost.{key}")
+            cost_value(w, cost[key], f"cost.{key}")
     for key in ("join", "leave"):
         v = cost.get(key)
         if v is None:
             continue
-        if _is_number(v):
-            _cost(w, v, f"cost.{key}")
+        if is_number(v):
+            cost_value(w, v, f"cost.{key}")
         else:
-            _numbers(w, v, f"cost.{key}", (1, 2, 3))
-    _tile(w, pre, "cost.prefill")
+            numbers(w, v, f"cost.{key}", (1, 2, 3))
+    tile(w, pre, "cost.prefill")
 
 
-def _tile(w: _Where, sec: dict, field: str) -> None:
-    """A step's tile (a whole number of rows) and the remainder's prices (two, or three with a
-    price per row of the whole call), where given."""
-    if "tile" in sec:
-        _whole(w, sec["tile"], f"{field}.tile", 0, 1 << 20)
-    if "remainder" in sec:
-        _numbers(w, sec["remainder"], f"{field}.remainder", (2, 3))
-
-
-def check_mlx_lm(w: _Where, m: dict) -> None:
+def check_mlx_lm(w: Where, m: dict) -> None:
     """The `cost.mlx_lm` section (`sim.cost.mlxlm.MlxLmCosts`): BatchGenerator's prompt calls and
     generation steps, each 4 coefficients and an optional dense curve, and its copy prices."""
     for key in ("prompt", "generate"):
         if key not in m:
             raise w.fail(f"cost.mlx_lm.{key}", "is missing")
-        sec = _obj(w, m[key], f"cost.mlx_lm.{key}")
+        sec = obj(w, m[key], f"cost.mlx_lm.{key}")
         if "coef" not in sec:
             raise w.fail(f"cost.mlx_lm.{key}.coef", "is missing (4 numbers)")
-        _numbers(w, sec["coef"], f"cost.mlx_lm.{key}.coef", (4,))
+        numbers(w, sec["coef"], f"cost.mlx_lm.{key}.coef", (4,))
         if sec.get("dense") is not None:
-            _curve(w, sec["dense"], f"cost.mlx_lm.{key}.dense")
-    _tile(w, m["prompt"], "cost.mlx_lm.prompt")
+            curve(w, sec["dense"], f"cost.mlx_lm.{key}.dense")
+    tile(w, m["prompt"], "cost.mlx_lm.prompt")
     gen = m["generate"]
     if gen.get("knot") is not None:
-        _cost(w, gen["knot"], "cost.mlx_lm.generate.knot")
+        cost_value(w, gen["knot"], "cost.mlx_lm.generate.knot")
         if gen["knot"] <= 0:
             raise w.fail("cost.mlx_lm.generate.knot", "must be a context > 0")
     if "first" in gen:
-        _cost(w, gen["first"], "cost.mlx_lm.generate.first")
+        cost_value(w, gen["first"], "cost.mlx_lm.generate.first")
     for key in ("copy", "fresh", "iteration", "first_copy"):
         if m.get(key) is not None:
-            _cost(w, m[key], f"cost.mlx_lm.{key}")
+            cost_value(w, m[key], f"cost.mlx_lm.{key}")
 
 
-def _curve(w: _Where, v, field: str) -> None:
-    if not isinstance(v, list) or not v:
-        raise w.fail(field, "must be a non-empty list of [size, seconds] pairs")
-    for i, p in enumerate(v):
-        if not isinstance(p, list) or len(p) != 2:
-            raise w.fail(f"{field}[{i}]", "must be a [size, seconds] pair")
-        _cost(w, p[0], f"{field}[{i}][0]")
-        _cost(w, p[1], f"{field}[{i}][1]")
-    if any(a[0] >= b[0] for a, b in zip(v, v[1:])):
-        raise w.fail(field, "must have its sizes increasing")
-
-
-def _points(w: _Where, v, field: str) -> None:
-    if not isinstance(v, list) or not v:
-        raise w.fail(field, "must be a non-empty list of [size, context, seconds] points")
-    for i, p in enumerate(v):
-        if not isinstance(p, list) or len(p) != 3:
-            raise w.fail(f"{field}[{i}]", "must be a [size, context, seconds] point")
-        for j, x in enumerate(p):
-            _cost(w, x, f"{field}[{i}][{j}]")
-
-
-def check_samples(w: _Where, samples) -> None:
+def check_samples(w: Where, samples) -> None:
     """The samples a refit fits: each an object with its step, seconds > 0 and the shape fields
     its step's fit reads, each of the right type."""
     if not isinstance(samples, list):
-        raise w.fail("samples", f"must be a list of measured samples, got {_kind(samples)}")
+        raise w.fail("samples", f"must be a list of measured samples, got {kind(samples)}")
     for i, s in enumerate(samples):
         f = f"samples[{i}]"
         if not isinstance(s, dict):
-            raise w.fail(f, f"must be an object, got {_kind(s)}")
+            raise w.fail(f, f"must be an object, got {kind(s)}")
         step = s.get("step")
         if step not in SAMPLE_STEPS:
             raise w.fail(f"{f}.step", f"must be one of {', '.join(SAMPLE_STEPS)}, got {step!r}")
         if "seconds" not in s:
             raise w.fail(f"{f}.seconds", "is missing")
-        _cost(w, s["seconds"], f"{f}.seconds")
+        cost_value(w, s["seconds"], f"{f}.seconds")
         if s["seconds"] <= 0:
             raise w.fail(f"{f}.seconds", "must be > 0 (the fit weighs errors relative to it)")
         need = {"prefill": ("chunk", "prefix"), "decode": ("batch",), "sync": ("batch",)}.get(step, ())
@@ -309,31 +213,31 @@ def check_samples(w: _Where, samples) -> None:
                 raise w.fail(f"{f}.{key}", f"is missing (a {step} sample's shape)")
         for key in ("chunk", "batch"):
             if key in s:
-                _whole(w, s[key], f"{f}.{key}", 1)
+                whole(w, s[key], f"{f}.{key}", 1)
         for key in ("prefix", "written", "fresh", "joined", "left", "round", "peak_extra", "faults"):
             if key in s:
-                _whole(w, s[key], f"{f}.{key}", 0)
+                whole(w, s[key], f"{f}.{key}", 0)
         if step in ("decode", "sync") and "context_max" not in s and "context_sum" not in s:
             raise w.fail(f"{f}.context_max", f"is missing (a {step} sample's longest context)")
         for key in ("context_max", "context_sum", "spread", "fitted"):
             if key in s and s[key] is not None:
-                _cost(w, s[key], f"{f}.{key}")
+                cost_value(w, s[key], f"{f}.{key}")
         for key in ("contexts", "times"):
             if key in s:
-                _numbers(w, s[key], f"{f}.{key}")
+                numbers(w, s[key], f"{f}.{key}")
         if "times" in s and not s["times"]:
             raise w.fail(f"{f}.times", "must hold at least one timing")
         for key in ("key", "source", "call", "bucket"):
             if key in s and not isinstance(s[key], str):
-                raise w.fail(f"{f}.{key}", f"must be a string, got {_kind(s[key])}")
+                raise w.fail(f"{f}.{key}", f"must be a string, got {kind(s[key])}")
         for key in ("batched", "single", "held_out"):
             if key in s and not isinstance(s[key], bool):
                 raise w.fail(f"{f}.{key}", "must be true or false")
 
 
-def check_grid(w: _Where, grid) -> None:
+def check_grid(w: Where, grid) -> None:
     """The calibration grid (`calibrate.measure.grid.Grid`, or mlx-lm's `MlxLmGrid`) that --add-rounds times again."""
-    grid = _obj(w, grid, "grid")
+    grid = obj(w, grid, "grid")
     if "prompts" in grid:  # MlxLmGrid: prompt rows, first forwards and merges are lists of lists
         flat, optional = ("offsets", "batches", "contexts"), ()
         nested = {key: (0, "whole numbers") for key in ("prompts", "firsts", "merges")}
@@ -348,57 +252,57 @@ def check_grid(w: _Where, grid) -> None:
         if v is None and key in optional:
             continue
         if not isinstance(v, list):
-            raise w.fail(f"grid.{key}", f"must be a list of whole numbers, got {_kind(v)}")
+            raise w.fail(f"grid.{key}", f"must be a list of whole numbers, got {kind(v)}")
         for i, x in enumerate(v):
-            _whole(w, x, f"grid.{key}[{i}]", 0 if key == "offsets" else 1)
+            whole(w, x, f"grid.{key}[{i}]", 0 if key == "offsets" else 1)
     for key, (lo, what) in nested.items():
         v = grid.get(key, [])
         if not isinstance(v, list) or not all(isinstance(m, list) and m for m in v):
             raise w.fail(f"grid.{key}", f"must be a list of lists of {what}")
         for i, m in enumerate(v):
             for j, x in enumerate(m):
-                _whole(w, x, f"grid.{key}[{i}][{j}]", lo)
+                whole(w, x, f"grid.{key}[{i}][{j}]", lo)
     for key in ("offset_chunk_max", "prompt_max"):
         if grid.get(key) is not None:
-            _whole(w, grid[key], f"grid.{key}", 1)
+            whole(w, grid[key], f"grid.{key}", 1)
     for key in ("repeats", "warmup"):
         if key in grid:
-            _whole(w, grid[key], f"grid.{key}", 1 if key == "repeats" else 0, 1000)
+            whole(w, grid[key], f"grid.{key}", 1 if key == "repeats" else 0, 1000)
 
 
-def check_engine_runs(w: _Where, runs) -> None:
+def check_engine_runs(w: Where, runs) -> None:
     """The calibration's engine runs, as a refit derives their samples again."""
     if not isinstance(runs, list):
-        raise w.fail("engine_runs", f"must be a list, got {_kind(runs)}")
+        raise w.fail("engine_runs", f"must be a list, got {kind(runs)}")
     for i, r in enumerate(runs):
         f = f"engine_runs[{i}]"
-        r = _obj(w, r, f)
+        r = obj(w, r, f)
         for key in ("name", "part"):
-            _text(w, r, key, f"{f}.{key}", required=True)
-        _obj(w, r.get("setting"), f"{f}.setting")
-        trace = _obj(w, r.get("trace"), f"{f}.trace")
+            text(w, r, key, f"{f}.{key}", required=True)
+        obj(w, r.get("setting"), f"{f}.setting")
+        trace = obj(w, r.get("trace"), f"{f}.trace")
         if not isinstance(trace.get("requests"), list):
             raise w.fail(f"{f}.trace.requests", "must be a list of requests")
-        _obj(w, _log(w, r.get("log"), f"{f}.log").get("tokens"), f"{f}.log.tokens")
+        obj(w, _log(w, r.get("log"), f"{f}.log").get("tokens"), f"{f}.log.tokens")
         if r.get("probe") is not None:  # the speed probes around the run (`calibrate.measure.speed_probe`)
-            probe = _obj(w, r["probe"], f"{f}.probe")
-            _obj(w, probe.get("setting"), f"{f}.probe.setting")
-            if not isinstance(_obj(w, probe.get("trace"), f"{f}.probe.trace").get("requests"), list):
+            probe = obj(w, r["probe"], f"{f}.probe")
+            obj(w, probe.get("setting"), f"{f}.probe.setting")
+            if not isinstance(obj(w, probe.get("trace"), f"{f}.probe.trace").get("requests"), list):
                 raise w.fail(f"{f}.probe.trace.requests", "must be a list of requests")
             if not isinstance(probe.get("logs"), list):
                 raise w.fail(f"{f}.probe.logs", "must be a list")
             for j, plog in enumerate(probe["logs"]):
                 _log(w, plog, f"{f}.probe.logs[{j}]")
             if probe.get("alloc_s") is not None:  # since stop 33 (`speed_probe.allocation_seconds`)
-                _numbers(w, probe["alloc_s"], f"{f}.probe.alloc_s")
-                _whole(w, probe.get("alloc_bytes"), f"{f}.probe.alloc_bytes", lo=1)
+                numbers(w, probe["alloc_s"], f"{f}.probe.alloc_s")
+                whole(w, probe.get("alloc_bytes"), f"{f}.probe.alloc_bytes", lo=1)
                 if not isinstance(probe.get("alloc_method", ""), str):  # since stop 34
                     raise w.fail(f"{f}.probe.alloc_method", "must be a string")
 
 
-def _log(w: _Where, log, f: str) -> dict:
+def _log(w: Where, log, f: str) -> dict:
     """An event log as a worker writes it: an object with lists of requests and calls."""
-    log = _obj(w, log, f)
+    log = obj(w, log, f)
     for key in ("requests", "calls"):
         if not isinstance(log.get(key), list):
             raise w.fail(f"{f}.{key}", "must be a list")
@@ -407,5 +311,5 @@ def _log(w: _Where, log, f: str) -> dict:
         if not isinstance(faults, list) or len(faults) != len(log["calls"]):
             raise w.fail(f"{f}.faults", f"must be a list with one count per call ({len(log['calls'])})")
         for i, n in enumerate(faults):
-            _whole(w, n, f"{f}.faults[{i}]")
+            whole(w, n, f"{f}.faults[{i}]")
     return log

@@ -13,8 +13,8 @@ from typing import Iterator
 
 import numpy as np
 
-from sim.cost.price import price
 from sim.cost.model import CostModel
+from sim.cost.price import price
 from sim.engine.log import Call, EventLog
 
 FAULTED = 256  # minor faults (1 MiB of 4 KiB pages) from which a call counts as having met fresh memory

@@ -18,13 +18,13 @@ flight, and at most a million values per distribution.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from sim.engine.memory import GB
-from sim.metrics.registry import NAMES
 from sim.metrics.quantiles import ALPHA, CAP, Distribution
+from sim.metrics.registry import NAMES
 
 FLUSH = 1 << 16  # decode ends and per-request figures buffered before they go into numpy
 

@@ -24,6 +24,7 @@ from sim.report.frames import (
                                timeline_frame,
                                tradeoff_frame,
 )
+from sim.report.page import Section, build_sections, make_report, write_report
 from sim.report.sources import (
                                LogSeries,
                                ReportError,
@@ -32,7 +33,6 @@ from sim.report.sources import (
                                load_simulate,
                                load_sweep,
 )
-from sim.report.page import Section, build_sections, make_report, write_report
 
 __all__ = ["LogSeries", "ReportError", "Section", "Sweep", "build_sections", "calibration_chart", "calibration_frame",
            "call_frame", "confirm_chart", "confirm_error_chart", "confirm_frame", "ecdf_chart", "ecdf_frame",

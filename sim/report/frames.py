@@ -8,12 +8,12 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from sim.metrics import registry
-from sim.engine.log import EventLog
-from sim.metrics.scoring import decode_gaps
-from sim.report.sources import LogSeries, ReportError
 from policies.budget import auto_target
 from policies.settings import KEYS, variant_label
+from sim.engine.log import EventLog
+from sim.metrics import registry
+from sim.metrics.scoring import decode_gaps
+from sim.report.sources import LogSeries, ReportError
 
 
 def budget_label(b) -> str:

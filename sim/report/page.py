@@ -11,9 +11,10 @@ from pathlib import Path
 import altair as alt
 import numpy as np
 
-from sim.metrics import registry
+from policies.settings import setting_label
 from sim.core.files import atomic_write_bytes, atomic_write_json, atomic_write_text, dumps
 from sim.core.outdir import OutputFolder
+from sim.metrics import registry
 from sim.report.charts import (
     calibration_chart,
     confirm_chart,
@@ -43,10 +44,8 @@ from sim.report.sources import (
     load_confirm,
     load_simulate,
     load_sweep,
-    log_of,
     trace_name,
 )
-from policies.settings import setting_label
 
 
 @dataclass

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.core.inputs import read_json_object
 from sim.core.errors import UserError
+from sim.core.inputs import read_json_object
 from sim.engine.log import EventLog
 
 
@@ -47,8 +47,8 @@ def log_of(d, where: str) -> EventLog:
 def load_sweep(directory: str | Path) -> Sweep:
     """results.json of `pdsim sweep` (rows, inputs, picks) and any logs it saved; refused if a file
     it names does not have the SHA-256 it recorded (files of two sweeps, or of an interrupted one)."""
-    from sim.metrics.logfile import LogFileError, read_log
     from sim.core.outdir import file_sha256
+    from sim.metrics.logfile import LogFileError, read_log
     directory = Path(directory)
     if not directory.is_dir():
         raise ReportError(f"sweep {directory}: no such directory")

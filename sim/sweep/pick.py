@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from policies.budget import auto_target
-from sim.metrics import registry
 from sim.core.errors import UserError
+from sim.metrics import registry
 
 OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
 _CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*(\S+)\s*$")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.metrics import registry
 from sim.core.files import atomic_write_json, atomic_write_text, jsonable
-from sim.engine.log import EventLog
 from sim.core.outdir import file_sha256
+from sim.engine.log import EventLog
+from sim.metrics import registry
 from sim.metrics.scoring import Slo, parse_slo
 from sim.sweep.pick import Constraint, Objective, Pick, check_names, default_latency, pick, split_slo, throughput_of
 from sim.sweep.run import Inputs, Point, grid, run_points, run_sweep

@@ -20,14 +20,14 @@ from typing import Iterable, Mapping
 from uuid import uuid4
 
 import policies
-from sim.cost.profile import BUILTIN, cost_model, load_profile
-from sim.core.errors import UserError
-from sim.metrics.scoring import Slo, score
-from sim.replay import simulate
-from sim.metrics.scored_log import simulate_scored
-from sim.metrics.tally import RequestTable
 from policies.settings import KEYS as SETTING_KEYS
 from policies.settings import Setting, setting_label, unique
+from sim.core.errors import UserError
+from sim.cost.profile import BUILTIN, cost_model, load_profile
+from sim.metrics.scored_log import simulate_scored
+from sim.metrics.scoring import Slo, score
+from sim.metrics.tally import RequestTable
+from sim.replay import simulate
 from traces.trace import Request, Trace
 
 
