@@ -56,8 +56,8 @@ def _terms(step: str, s: dict, knot: float, counted: bool = False) -> list[float
 
 
 def counts_faults(samples: list[dict]) -> bool:
-    """Whether every sample that wrote KV rows counted its page faults (calibrations since stop 37;
-    before, a grid merge's faults were priced as its rows' copy)."""
+    """Whether every sample that wrote KV rows counted its page faults (calibrations that predate
+    fault counting did not, and there a grid merge's faults are priced as its rows' copy)."""
     return any(s.get("written") for s in samples) and all("faults" in s for s in samples if s.get("written"))
 
 
@@ -65,10 +65,10 @@ def fresh_by_faults(samples: list[dict], page: float, fitted: float) -> float:
     """A fresh token-row's price (`sim.engine.heap` says which rows are fresh): the median page faults
     per fresh row over the calls that met some, at `page` seconds a fault (`fitted`, the form's
     own price, where no call met any). Why: a row's faults cost what a fault costs, and both
-    the rows a call writes and the rows it meets fresh are known per call; the average faults
-    per row written that profiles priced before (stop 37) put a first forward's faults on every
-    first forward, and the ones that faulted nothing (most) were priced 1.11-1.23x their time in
-    three rounds' confirm runs (HISTORY, stop 44)."""
+    the rows a call writes and the rows it meets fresh are known per call. Priced instead at the
+    average faults per row written, every first forward pays a first forward's faults, and the
+    ones that fault nothing (most) ran at 1.11-1.23x predicted/measured in three rounds' confirm
+    runs; priced per fresh row, at 0.96-1.05x."""
     met = [s["faults"] / s["fresh"] for s in samples if s.get("fresh") and s.get("faults")]
     return statistics.median(met) * page if met else fitted
 

@@ -146,10 +146,10 @@ def fit_copies(samples: list[dict]) -> Copies:
     That fit is of the syncs that wrote no fresh rows (where there are a few), and a fresh row's
     price is then the median, over the syncs that wrote fresh rows, of each one's time beyond its
     price without them, per fresh row (as `fit_fresh_step`): what a fresh row costs scatters 2-5x
-    from join to join (137-581 us in one calibration here), and one fit of all syncs leaned on the
-    large joins, which write thousands of fresh rows cheaply: 372 us a fresh row where the median
-    join paid 419 and confirm runs' fresh joins 450-650, and 53 us a warm row where the confirm
-    runs' joins without fresh rows copied 23-35 (stop 29)."""
+    from join to join (137-581 us in one calibration here), and one fit of all syncs leans on the
+    large joins, which write thousands of fresh rows cheaply: it priced 372 us a fresh row where
+    the median join paid 419 and confirm runs' fresh joins 450-650, and 53 us a warm row where the
+    confirm runs' joins without fresh rows copied 23-35."""
     warm = [s for s in samples if not s.get("fresh")]
     base = warm if len(warm) >= 4 else samples
     X = np.array([_copy_terms(s, gather=True) for s in base])
@@ -174,11 +174,11 @@ def fresh_row_price(dear: list[dict], copies: Copies) -> float:
     cost (each sync's time beyond its price without fresh rows, per fault). Else the median of
     that time per fresh row.
 
-    Why two: a fresh row costs what its faults cost, and the two scatter apart. In stop 38's
-    rounds a calibration's fresh syncs faulted 8-45 pages a row and paid 1.6-15 us a fault, but
-    the medians held at 28-30 faults a row and 10-11 us a fault in all six calibrations, as in
-    their confirm runs (33 a row, 10-11 us each). The median of the ratio lands wherever the
-    cheap syncs fall: 183 us a row in one calibration where the others gave 273-315."""
+    Why two: a fresh row costs what its faults cost, and the two scatter apart. A calibration's
+    fresh syncs fault 8-45 pages a row and pay 1.6-15 us a fault, but the medians held at 28-30
+    faults a row and 10-11 us a fault in all of six calibrations, as in their confirm runs (33 a
+    row, 10-11 us each). The median of the ratio lands wherever the cheap syncs fall: 183 us a row
+    in one calibration where the others gave 273-315."""
     beyond = [(s["seconds"] - copies.of(dict(s, fresh=0)), s) for s in dear]
     if len(dear) >= 3 and all(s.get("faults") for s in dear):
         per_row = statistics.median(s["faults"] / s["fresh"] for s in dear)
@@ -198,13 +198,13 @@ def fit_fresh_step(samples: list[dict], forms: dict[str, Form],
     time beyond their price without fresh memory, per fresh row.
 
     Why by faults: a calibration serves two or three such steps, and they meet cheap or dear
-    faults by chance. In stop 41's round both calibrations priced a fresh row of a growth at 90
-    and 192 us, and the tunes' confirm runs' growths (120 fresh rows, 74-87 faulted) paid 13-16 us
-    a faulted page: fifo's max ITL, which such a growth sets, came out 11-15% low. Their faults
-    per fresh row were steadier: 15-52 pages over the calibrations' decode growths, 34-41 in the
-    confirm runs. A prefill's growth has no say where a decode's counted faults: its faults count
-    its activations too (95 pages a fresh row). A join's fresh rows cost 4-5x a growth's by the
-    time-beyond median, so one price for both over-priced every growth (stop 30)."""
+    faults by chance. By their time, the two calibrations of one round priced a fresh row of a
+    growth at 90 and 192 us, where their confirm runs' growths (120 fresh rows, 74-87 faulted) paid
+    13-16 us a faulted page, and fifo's max ITL, which such a growth sets, came out 11-15% low.
+    Their faults per fresh row are steadier: 15-52 pages over the calibrations' decode growths,
+    34-41 in the confirm runs. A prefill's growth has no say where a decode's counted faults: its faults
+    count its activations too (95 pages a fresh row). A join's fresh rows cost 4-5x a growth's by
+    the time-beyond median, so one price for both over-prices every growth."""
     decodes = [s for s in samples if s["step"] == "decode" and s.get("faults") and s.get("fresh")]  # not a prefill's
     faults = _faults_per(decodes or samples, "fresh", page)
     if faults is not None:
@@ -217,7 +217,7 @@ def fit_grow(samples: list[dict], forms: dict[str, Form]) -> float | None:
     such decodes of their time beyond their price without copies, per row (None without any).
     The step pays it inside its graph, layer by layer, and it cost about twice a sync's row here:
     a median 91-118 us over three rounds' calibrations and confirm runs, where the syncs priced
-    44-57 (stop 30)."""
+    44-57."""
     return _median_beyond(samples, forms, "written", ("written", "fresh"))
 
 
@@ -228,12 +228,12 @@ def fit_grow_single(samples: list[dict], forms: dict[str, Form],
     and samples that counted their faults: a row's copy (`grow`) plus the median faults per row
     written over the faulted samples, at `page` each. Such a growth costs what its faults cost, 2.5-4 us
     or 10-22 us each (by whether the guest or the host backed them), and the two or three
-    growths a calibration serves met either by chance: 62 us a row in one of round 8's
-    calibrations and 272 in the other, where its confirm runs' worst growths paid 275-555
-    (HISTORY, stop 36). Without them: the median over such decodes of their time beyond their
-    price without copies, per row (None without any samples). Returned with the part of it that
-    is page faults (None where it is not priced by faults): a confirm prices that part at the
-    fault price its probes read (`sim.cost.speed.MachineSpeed.page`)."""
+    growths a calibration serves meet either by chance: 62 us a row in one of two calibrations
+    and 272 in the other, where their confirm runs' worst growths paid 275-555. Without them: the
+    median over such decodes of their time beyond their price without copies, per row (None
+    without any samples). Returned with the part of it that is page faults (None where it is not
+    priced by faults): a confirm prices that part at the fault price its probes read
+    (`sim.cost.speed.MachineSpeed.page`)."""
     faults = _faults_per(samples, "written", page)
     if faults is not None:
         k = forms["decode"].copies

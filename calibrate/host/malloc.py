@@ -6,9 +6,9 @@ buffers and hands the rest to glibc's `free`, and glibc gives large blocks back 
 a block above its mmap threshold (128 KB at first, then the largest mmapped block freed so far)
 is unmapped when freed, and the heap's top is trimmed. The next call that needs that memory
 faults every page in again, and on a VM a page the host has taken back costs ~12.5 us, not
-~1.5 (HISTORY, stop 39). Which calls pay then depends on the allocator's history, which no shape
-says: in stop 40's runs the first join of two, which built no larger array than the warm-up had,
-faulted 87-91 MB in default processes and nothing in processes that keep freed memory.
+~1.5. Which calls pay then depends on the allocator's history, which no shape says: the first
+join of two, which builds no larger array than the warm-up had, faulted 87-91 MB in default
+processes and nothing in processes that keep freed memory.
 
 `keep_freed_memory` sets glibc to serve every block up to 32 MiB (glibc's largest mmap
 threshold) from the heap and never to trim it, so freed memory stays with the process and the

@@ -93,15 +93,14 @@ def key_of(p: dict) -> str:
 # through the shorter chunks foresees (prompts of 276-331 ran 8-12% over such a price), and
 # unaligned ones ran 12.1-12.8 ms a token where 384 ran 12.0. The engine runs keep prompts within
 # 256, so their five runs take about four minutes.
-# Ten minutes here (stop 32): four rounds with a chunk of 512 and chunks of 128 after a prefix
-# took 697-716 s with four engine runs. Three rounds, without those three points: a point's median
-# of three timings is within a median 1-3% (p90 3-6%) of its median of four over ten calibrations,
-# inside the 5% of repeat noise. Refitted so, the 54 confirmed settings of five earlier rounds held
-# about as many: the six 41 -> 38, the tails 30 -> 31, all three 22 -> 22 (HISTORY, stop 32).
-# Stop 33: two rounds. Refitted from each point's first two timings, the 66 confirmed settings of
-# six rounds held as many as from its first three: the six 44 against 43, the tails 34 against 33,
-# all three 24 against 24; a round costs about 105 s here, and a quick calibration 469-479 s
-# (HISTORY, stop 33).
+# Two rounds, and no chunk of 512 or chunks of 128 after a prefix, to stay within ten minutes here:
+# a round costs about 105 s, and a quick calibration 469-479 s (four rounds with those three points
+# take 697-716 s with four engine runs). Fewer timings lose little: over ten calibrations a point's
+# median of three is within a median 1-3% (p90 3-6%) of its median of four, inside the 5% of repeat
+# noise. Refitted from each point's first two timings, 66 confirmed settings held as many targets
+# as from its first three: the six 44 against 43, the tails 34 against 33, all three 24 against 24.
+# Refitted without the three points, 54 held about as many: the six 41 -> 38, the tails 30 -> 31,
+# all three 22 -> 22.
 # `pdsim calibrate --add-rounds` times more rounds.
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],
@@ -162,14 +161,14 @@ def mlx_key_of(p: dict) -> str:
     return f"{p['call']}:{p['batch']}@{p['context']}"
 
 
-# A quick grid for Qwen3-0.6B on a laptop CPU (a prompt row-token ~9 ms): about 100 s a round here
-# (stop 44). One row at each power of two 16-256: a prompt step's calls with one prompt at a time
-# are one row of the step (without [32], dense(32) came from [16, 16] only, and a step of 32's
-# calls were priced 1.07x).
-# Single prompts of unaligned lengths (`spread`) and calls of 512-642 row-tokens (stop 44): every
-# prompt call above was a multiple of 8 row-tokens and at most 384, so an unaligned one's
-# remainder was fitted from a handful of the engine runs' calls, and a step of 512 with four
-# prompts at a time runs 3 x 214 = 642 (priced 1.06-1.12x in round 21, beyond the curve's end).
+# A quick grid for Qwen3-0.6B on a laptop CPU (a prompt row-token ~9 ms): about 100 s a round here.
+# One row at each power of two 16-256: a prompt step's calls with one prompt at a time are one row
+# of the step (without [32], dense(32) comes from [16, 16] only, and a step of 32's calls are
+# priced 1.07x).
+# Single prompts of unaligned lengths (`spread`) and calls of 512-642 row-tokens: every other
+# prompt call is a multiple of 8 row-tokens and at most 384, so without them an unaligned one's
+# remainder is fitted from a handful of the engine runs' calls, and a step of 512 with four
+# prompts at a time runs 3 x 214 = 642, beyond the curve's end (such calls were priced 1.06-1.12x).
 MLX_QUICK = MlxLmGrid(prompts=[[16], [32], [64], [128], [256], [16, 16], [64, 64], [128, 128], [16] * 4, [32] * 4,
                                [64] * 4, [40, 40, 40], [100, 100], [16] * 8, [64, 16], [128, 32, 8], [40, 16, 3, 40],
                                *([n] for n in spread(3, 250, 6)), [256, 256], [214, 180, 30]],

@@ -221,11 +221,10 @@ SPIKE = 1.5  # one of two rounds this many times the other's: a disturbance, not
 def typical_time(times: list[float]) -> float:
     """A point's time from its rounds: their median; of two rounds where one took `SPIKE` times
     the other or more, the faster. Another process on the machine only ever slows a call, and
-    the median of two is their mean: in round 9 of stop 36, a process run for 20 s beside the
-    first round made six points 1.5-3.1x their second round (a 128-token prefill 3.7 s against
-    1.2 s), and the mean priced every whole 127-token prompt of the tune's confirm 24-35% over.
-    In the four calibrations of rounds 7 and 8, 2 of 224 points had such a pair; in round 10's
-    two, undisturbed by anything of ours, 3 of 112."""
+    the median of two is their mean: a process run for 20 s beside a calibration's first round
+    made six points 1.5-3.1x their second round (a 128-token prefill 3.7 s against 1.2 s), and the
+    mean priced every whole 127-token prompt of the tune's confirm 24-35% over. Calibrations
+    undisturbed by anything of ours have such pairs too: 2 of 224 points in four, 3 of 112 in two."""
     if len(times) == 2 and max(times) >= SPIKE * min(times):
         return min(times)
     return statistics.median(times)

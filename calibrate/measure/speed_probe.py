@@ -9,16 +9,16 @@ length served by their prefill alone (`PROMPTS`; its joins and buffer growths ar
 median over the probe's prefills of predicted over measured is the machine's prefill speed then,
 over its decodes its decode speed (`probe_speed`; `sim.cost.speed.MachineSpeed`: the two move apart, a
 prefill is bound by arithmetic and a decode by memory). That also scales a prediction by whatever
-the model gets wrong on the probe's own shapes, so since stop 25 a calibration serves the same probe
-before and after each of its engine runs and keeps it. Since stop 47 the speed is read with no price
-in it: each probe's time for each call against the calibration's probes in the same place, before a
-run or after it (`positional_speed`), the reading priced by the profile kept beside it (and used
-where the calibration kept no probe after its runs). The run is predicted at the speed
+the model gets wrong on the probe's own shapes, so a calibration serves the same probe before and
+after each of its engine runs and keeps it. The speed is read with no price in it: each probe's
+time for each call against the calibration's probes in the same place, before a run or after it
+(`positional_speed`), the reading priced by the profile kept beside it (and used where the
+calibration kept no probe after its runs). The run is predicted at the speed
 (`sim.predict.replays`), and the report keeps the prediction at the calibration's speed beside it.
 The probe is never a call of the run being scored. A profile of mlx-lm's calls is probed on
 BatchGenerator (`MLX_SETTING`: the same requests, one prompt a call), its prompt calls giving the
-prefill speed and its generation steps the decode speed (stop 23: a confirm of three settings had
-runs 28% apart in speed, and nothing said so in the prediction).
+prefill speed and its generation steps the decode speed (a confirm of three settings had runs 28%
+apart in speed, and without the probe nothing in the prediction says so).
 """
 from __future__ import annotations
 
@@ -41,15 +41,15 @@ SETTING = {"policy": "fifo"}
 MLX_SETTING = {"policy": "mlx-lm", "prefill_step": 64, "prompt_concurrency": 1, "decode_concurrency": 2}
 PREFILLS, DECODES = ("prefill", "prompt"), ("decode", "generate")  # call kinds of each speed (`sim.cost.speed`)
 ALLOC_BYTES = 64 << 20  # fresh pages mapped and touched by each probe (`allocation_seconds`)
-ALLOC_METHOD = "mmap"  # how (since stop 34; before it, an MLX array: not compared with these)
+ALLOC_METHOD = "mmap"  # how (older probes timed an MLX array: not compared with these)
 
 
 # The probe's requests, all at t=0 under fifo: two that decode (8 tokens each: steady decodes of a
 # batch of one) and four whose one token comes from their prefill (unaligned prompts, as runs have).
-# Until stop 50 only the first two: a probe's prefill speed was the median of four calls, and one
-# call strayed from its run's speed by 4.8% (sd, over 684 calls of rounds 24-28) and the median of
-# four by 2.6%, as four independent draws would. The median of twelve strayed 2.1% in round 29
-# (rounds 24-28: 2.1-3.1% by round): what is left is drift between the probes and the run.
+# The four make twelve prefills a run (a probe before it and one after), not four. One call strays
+# from its run's prefill speed by 4.8% (sd, over 684 calls) and the median of four by 2.6%, as four
+# independent draws would. The median of twelve strays 2.1% (of four: 2.1-3.1% by confirm round):
+# what is left is drift between the probes and the run, not the probe's noise.
 PROMPTS, OUTPUTS = (32, 64, 21, 37, 45, 53), (8, 8, 1, 1, 1, 1)
 
 
@@ -76,11 +76,11 @@ def allocation_seconds(nbytes: int = ALLOC_BYTES, hold: list[mmap.mmap] | None =
     """Seconds to map `nbytes` of fresh anonymous memory and touch each of its pages: what a join,
     a buffer growth or a fresh process pays per page on top of its copy (`fresh` and `grow_single`
     in `sim.cost.model`). On this VM that is page faults, 3-4 us a 4 KiB page (64 MiB in 50-67 ms),
-    not the machine's compute: in round 5 of stop 32 it cost 3-5x more for half an hour while
-    prefills and decodes kept their speed, so the probes' calls could not see it. The region is
-    mapped here, not asked of MLX or malloc: until stop 34 an MLX array of the same size timed
-    the allocator's state as much as the machine (a freed block it still held made the pages old),
-    and two probes minutes apart read 3.3x and 0.4x the calibration's speed. `hold`: a list that
+    not the machine's compute: it can cost 3-5x more for half an hour while prefills and decodes
+    keep their speed, so the probes' calls cannot see it. The region is mapped here, not asked of
+    MLX or malloc: an MLX array of the same size times the allocator's state as much as the
+    machine (a freed block it still holds makes the pages old), and two such probes minutes apart
+    read 3.3x and 0.4x the calibration's speed. `hold`: a list that
     keeps the mapping (unmapped when its holder closes it) instead of unmapping it here."""
     region = mmap.mmap(-1, nbytes)
     pages = np.frombuffer(region, dtype=np.uint8)
@@ -98,7 +98,7 @@ def allocation_seconds(nbytes: int = ALLOC_BYTES, hold: list[mmap.mmap] | None =
 def memory_speed(probes: list[dict], reference: list[dict]) -> float | None:
     """The calibration's allocation time (median over its probes, `reference`) over the time now
     (median over `probes`): below 1, fresh memory costs more than when the profile was made. None
-    where either side has none timed by today's method (`ALLOC_METHOD`; probes before stop 34)."""
+    where either side has none timed by today's method (`ALLOC_METHOD`; older probes have none)."""
     now = [t for p in probes if p.get("alloc_method") == ALLOC_METHOD for t in p.get("alloc_s") or ()]
     then = [t for p in reference if p.get("alloc_method") == ALLOC_METHOD for t in p.get("alloc_s") or ()]
     if not now or not then or min(now) <= 0:
@@ -115,11 +115,11 @@ def dear_page_seconds(probes: list[dict]) -> float | None:
     fewer readings, or none timed by today's method). On this Firecracker VM a fault costs
     2.5-4 us where the guest reuses a page it freed a moment ago and 10-16 us where, it seems,
     the host has taken the page back (the VM's kernel reports free pages to the host: virtio
-    balloon's free page reporting). Stop 42 read it directly: a process touching 4 GB of new
-    pages paid 1.5-1.9 us a page for the first 0.8-1.6 GB (pages the guest had freed and not yet
-    reported) and 11-12 us for the rest. The probes read one, the other or a mixture. A single
-    decode's buffer growth paid the dear price in 13 of 18 growths of round 8's meTile runs,
-    and those set the runs' worst gaps (HISTORY, stop 36)."""
+    balloon's free page reporting). Read directly, a process touching 4 GB of new pages pays
+    1.5-1.9 us a page for the first 0.8-1.6 GB (pages the guest had freed and not yet reported)
+    and 11-12 us for the rest. The probes read one, the other or a mixture. A single decode's
+    buffer growth paid the dear price in 13 of 18 growths of one confirm's meTile runs, and those
+    set the runs' worst gaps."""
     per_page = _per_page(probes)
     if len(per_page) < DEAR_READINGS:
         return None
@@ -129,12 +129,12 @@ def dear_page_seconds(probes: list[dict]) -> float | None:
 def page_price(runs: list[dict], dear: float | None) -> float:
     """A page fault's price around these runs (a confirm's, every setting's) over the
     calibration's dear one (`dear_page_seconds`; 1.0 where either is unknown), at most 1: the
-    dearest per-page reading of their probes. On this VM the price is one of two by the hour. In
-    stop 37's round 11 every probe of the meTile confirm read 2.5-2.7 us a page, where the
-    calibration's dearest read 11.5, and all 18 of its single-decode growths paid 0-3 us a fault.
-    A probe reads the price of a moment, so one dear reading says the hour has dear faults: in
-    round 7 one run's two probes read 2.5 and 2.9 us, and its growths paid 13-14. Capped, as the
-    dear price already is the host backing a page."""
+    dearest per-page reading of their probes. On this VM the price is one of two by the hour: in
+    one meTile confirm every probe read 2.5-2.7 us a page, where the calibration's dearest read
+    11.5, and all 18 of its single-decode growths paid 0-3 us a fault. A probe reads the price of
+    a moment, so one dear reading says the hour has dear faults: one run's two probes read 2.5 and
+    2.9 us where its growths paid 13-14. Capped, as the dear price already is the host backing a
+    page."""
     read = _per_page([r["probe"] for r in runs if r.get("probe")])
     return min(1.0, read[-1] / dear) if dear and read else 1.0
 
@@ -158,15 +158,14 @@ def positional_speed(logs: list[EventLog], reference: list[list[EventLog]]) -> M
     runs, the one after against those after. None unless both sides have a probe before and after.
 
     A process's first calls fault their memory in and its later ones reuse it, so the two places
-    run at two speeds, and the confirm's warm-up (the trace itself, since stop 46) moves the one
-    after. Over 50 runs of stop 46 (round 24's and one at a 1.6-1.9x drift), priced by the
-    profile (fitted on warm grid calls), pdsim's probe before read prefills at 0.86-1.05x where
-    the run's own calls ran 0.94-1.07x, and mlx-lm's probe after read them at 1.10-1.18x where
-    they ran 0.95-1.06x: its s512 setting missed by it. Timed place by place and moved partway
-    (`sim.cost.speed.PROBE_WEIGHT`), the speed strayed from the run's own by a median 1.8% on
+    run at two speeds, and the confirm's warm-up (the trace itself) moves the one after. Priced
+    by the profile (fitted on warm grid calls), over 50 runs pdsim's probe before read prefills at
+    0.86-1.05x where the run's own calls ran 0.94-1.07x, and mlx-lm's probe after read them at
+    1.10-1.18x where they ran 0.95-1.06x. Timed place by place and moved partway
+    (`sim.cost.speed.PROBE_WEIGHT`), the speed strays from the run's own by a median 1.8% on
     prefills (priced: 2.8%), at most 8% (14%), and mlx-lm's settings read 1.00-1.03x; on decodes
-    by 2.7% (2.4%), at most 12% (13%). Round 25 (stop 47, 48 runs): prefills 1.6%, at most 5.5%
-    (priced 1.7%, 9.0%); decodes 1.8%, at most 7.7% (3.0%, 8.9%)."""
+    by 2.7% (2.4%), at most 12% (13%). Over 48 more runs: prefills 1.6%, at most 5.5% (priced
+    1.7%, 9.0%); decodes 1.8%, at most 7.7% (3.0%, 8.9%)."""
     if len(logs) != 2 or not reference or any(len(r) != 2 for r in reference):
         return None
     ratios = [_timed_ratios([logs[i]], [r[i] for r in reference]) for i in (0, 1)]
@@ -210,7 +209,7 @@ def shape(c: Call) -> tuple:
 
 def reference_probes(prof: dict) -> list[dict]:
     """The probes a calibration served around its engine runs (`calibrate.measure.engine_runs`; none in
-    profiles before stop 25), as a confirm run keeps its own (`Probe.result`)."""
+    profiles that predate speed probes), as a confirm run keeps its own (`Probe.result`)."""
     return [r["probe"] for r in prof.get("engine_runs") or [] if (r.get("probe") or {}).get("logs")]
 
 
@@ -229,10 +228,10 @@ class Probe:
     calibration's engine runs serve both too (about 6 s each): on this VM the two together
     tracked a confirm run's speed within 3.5% on average, the one before alone within 5.8%.
 
-    The probes' fresh pages stay mapped until `result`. Unmapped at once, they were warm pages the
-    run's first calls faulted in before the guest had handed them back to the host: in round 18
-    (stop 41) the three meTile growths that came first in their runs paid 2.0-2.9 us a faulted
-    page, where the growths after a prefill paid 11-13, and those first ones set fifo's max ITL."""
+    The probes' fresh pages stay mapped until `result`. Unmapped at once, they are warm pages the
+    run's first calls fault in before the guest has handed them back to the host: three meTile
+    growths that came first in their runs paid 2.0-2.9 us a faulted page, where the growths after
+    a prefill paid 11-13, and those first ones set fifo's max ITL."""
 
     def __init__(self, lm, engine: str | bool | None):
         self.engine = "pdsim" if engine is True else engine or None

@@ -183,7 +183,7 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
           + f"); batch join {per(c['join'])}; leave {per(c['leave'])}")
     probes = [r["probe"] for r in prof.get("engine_runs") or ()
               if (r.get("probe") or {}).get("alloc_s") and r["probe"].get("alloc_method")]
-    if probes:  # since stop 34 (`calibrate.measure.speed_probe.allocation_seconds`)
+    if probes:  # probes that timed fresh memory (`calibrate.measure.speed_probe.allocation_seconds`)
         ms, size = statistics.median(t for p in probes for t in p["alloc_s"]) * 1e3, probes[0]["alloc_bytes"]
         print(f"  fresh memory: {size >> 20} MiB mapped and touched in {ms:.0f} ms ({ms * 1e3 * 4096 / size:.1f} us "
               f"a 4 KiB page; median of {sum(len(p['alloc_s']) for p in probes)} probes; confirm reports its speed "

@@ -109,7 +109,7 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
             runs = [p for p in res["machine_speed"]["runs"] if p.get("prefill")]
             method = runs[0].get("method", "priced") if runs else "priced"
             beside = "priced" if method == "positional" else "timed"  # the other reading, kept in the report
-            other = [p for p in runs if p.get(beside) and p.get("method") != beside]  # timed: stops 25-46
+            other = [p for p in runs if p.get(beside) and p.get("method") != beside]  # timed beside priced
             how = PROBE_METHODS.get(method, PROBE_METHODS["priced"])
             print(f"machine speed against the calibration, prefill/decode (speed probes before and after each run, "
                   f"{how}): " + " ".join(f"r{p['repeat']} {p['prefill']:.2f}/{p['decode']:.2f}" for p in runs)
@@ -122,7 +122,7 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                       f"r{p['repeat']} {p[beside]['prefill']:.2f}/{p[beside]['decode']:.2f}" for p in other)
                      if other else ""))
         memory = [p for p in (res.get("machine_speed") or {}).get("runs", ()) if p.get("memory")]
-        if memory:  # since stop 33
+        if memory:  # probes that timed an allocation
             slow = res["machine_speed"]["memory"] < MEMORY_SLOW
             print("fresh memory's speed against the calibration (an allocation timed by each probe): "
                   + " ".join(f"r{p['repeat']} {p['memory']:.2f}" for p in memory)
@@ -135,7 +135,7 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                   + " ".join(f"r{rep} {v:.2f}" for rep, v in speeds.items())
                   + (f"; {spread:.0%} apart: the machine changed speed between runs, and every measured figure "
                      "moved with it" if spread > SPEED_SPREAD else ""))
-        if res.get("paths"):  # since stop 39
+        if res.get("paths"):  # reports that follow the replays' paths
             print(paths_summary(res["paths"]))
         if res.get("classes"):  # a trace with priority classes: TTFT by class
             print(table([{"class": c, "metric": k, "predicted": v["predicted"][k], "measured": m["median"],
@@ -144,8 +144,8 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                         ["class", "metric", "predicted", "measured", "range", "error"],
                         ["class", "metric", "predicted", "measured (median)", "min..max", "rel. error"]))
         if res.get("calls_by_kind"):  # reports written before the per-call table have none
-            faults = all("faulted" in c for c in res["calls_by_kind"])  # runs that counted page faults (stop 34)
-            rows = all("fresh_rows" in c for c in res["calls_by_kind"])  # and the rows of it (stop 45)
+            faults = all("faulted" in c for c in res["calls_by_kind"])  # runs that counted page faults
+            rows = all("fresh_rows" in c for c in res["calls_by_kind"])  # and the rows of it
             print(table([dict(c, range=f"{fmt(c['ratio_p10'])}..{fmt(c['ratio_p90'])}") for c in res["calls_by_kind"]],
                         ["kind", "calls", "ratio_median", "range", "abs_error_median"]
                         + (["faulted", "faulted_ratio_median"] if faults else [])

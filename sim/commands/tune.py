@@ -227,9 +227,8 @@ def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
 def mlx_lm_default_slo(cost, smallest_step: int) -> str:
     """Tokens may wait at most two generation steps of a full batch (4 requests, 128 context) and
     one prompt call of the grid's smallest prefill step. While a prompt waits, every `next()` of
-    BatchGenerator runs a step and a prompt call, so two steps alone (the target until stop 44)
-    ruled out all 60 settings for qwen3-0.6b on a 2-core CPU: the smallest step's p95 gap was
-    640 ms, two steps 580."""
+    BatchGenerator runs a step and a prompt call, so a target of two steps alone rules out all 60
+    settings for qwen3-0.6b on a 2-core CPU: the smallest step's p95 gap is 640 ms, two steps 580."""
     from sim.metrics.registry import DEFAULT_LATENCY
     step = cost.mlx_lm_call("generate", 1, 0, [128] * 4, 0, 0)
     prompt = cost.mlx_lm_call("prompt", smallest_step, 0, [0], 0, 0)

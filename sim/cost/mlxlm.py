@@ -36,12 +36,13 @@ class MlxLmCosts:
     iteration: float = 0.0  # host work between two next() calls
     prompt_tile: int = 0  # rows*L beyond a multiple of this run slower kernels (0: no such term)
     prompt_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the call]
-    first_copy: float | None = None  # per token-row a first forward writes (None: `copy`; profiles of stops 37-43)
+    first_copy: float | None = None  # per token-row a first forward writes (None: `copy`; older profiles set it)
 
     def copies(self, kind: str, written: int, fresh: int) -> float:
         """A call's KV copies: its rows written, and the ones of them in fresh memory at the
-        faults such a row takes (`calibrate.fit.mlxlm.fresh_by_faults`). Profiles of stops 37-43
-        put the faults of an average row in `copy` and `first_copy` instead."""
+        faults such a row takes (`calibrate.fit.mlxlm.fresh_by_faults`). Profiles that predate it
+        (those with a `first_copy` field) put the faults of an average row in `copy` and
+        `first_copy` instead."""
         per_row = self.first_copy if kind == "first" and self.first_copy is not None else self.copy
         return per_row * written + self.fresh * fresh
 

@@ -2,11 +2,11 @@
 
 A replay can price every call well and still miss a tail by taking another path: one decode step
 more before an arrival, and a request leaves before another joins, so a batch's cache grows where
-no request waits on it (HISTORY, stop 38: gamma eager in round 13). A metric's miss is a miss of the
-prices only where the replays took the engine's path, so a confirm says, for each measured run,
-how many replays took its path and where the replay at typical call times parted from it: the
-first call that differs, how far the replay's clock had run ahead of the engine's by then, and the
-earlier call whose time the replay missed by most, which is usually what moved the paths apart.
+no request waits on it. A metric's miss is a miss of the prices only where the replays took the
+engine's path, so a confirm says, for each measured run, how many replays took its path and where
+the replay at typical call times parted from it: the first call that differs, how far the
+replay's clock had run ahead of the engine's by then, and the earlier call whose time the replay
+missed by most, which is usually what moved the paths apart.
 
 A path is the run's calls in order without their times: each call's kind, requests and tokens.
 """

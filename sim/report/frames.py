@@ -182,7 +182,7 @@ def confirm_frame(doc: dict, metrics: list[str] | None = None) -> pd.DataFrame:
             # reports since speed probes: the error of the prediction at the calibration's speed, and the probed speed
             drift = (r.get("at_calibration_speed") or {}).get("rel_error", {}).get(m)
             ms = r.get("machine_speed") or {}
-            speed = ms.get("predicted_at") or ms.get("median")  # since stop 31 the one predicted at
+            speed = ms.get("predicted_at") or ms.get("median")  # the speed predicted at; older reports: the median
             rows.append({"label": r["label"], "metric": m, "predicted": float(pred), "measured": float(meas["median"]),
                          "min": float(meas.get("min", meas["median"])), "max": float(meas.get("max", meas["median"])),
                          "rel_error": None if rel is None else float(rel),
@@ -206,9 +206,9 @@ def call_frame(doc: dict) -> pd.DataFrame:
              "fresh_rows": c.get("fresh_rows"), "faulted_rows": c.get("faulted_rows")}
             for r in doc["results"] for c in r.get("calls") or []]
     columns = ["setting", "kind", "size", "calls", "median", "p10", "p90"]
-    if any(row["faulted"] is not None for row in rows):  # runs that counted page faults (stop 34)
+    if any(row["faulted"] is not None for row in rows):  # runs that counted page faults
         columns += ["faulted", "faulted_median"]
-    if any(row["fresh_rows"] is not None for row in rows):  # and the rows of fresh memory (stop 45)
+    if any(row["fresh_rows"] is not None for row in rows):  # and the rows of fresh memory
         columns += ["fresh_rows", "faulted_rows"]
     return pd.DataFrame(rows, columns=columns)
 
