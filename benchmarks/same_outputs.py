@@ -50,6 +50,9 @@ SETTINGS = ["fifo", "fifo:decode=single", "eager", "eager:batch_size=8,order=dec
             "chunked:budget=128,kv_limit=2600", "eager:kv_limit=2600,batch_size=8",
             "mlx-lm", "mlx-lm:prefill_step=64,prompt_concurrency=2,decode_concurrency=4"]
 NO_METILE = {"mlx-lm", "mlx-lm:prefill_step=64,prompt_concurrency=2,decode_concurrency=4"}  # prefilled requests
+# A replay follows fresh memory only where its profile prices it; the built-in profile prices
+# none, so its logs' count of fresh token-rows per call is not a prediction and is not compared.
+UNPRICED = {"builtin": ("call_fresh",), "cpu": ()}
 VOLATILE = {"wall_s", "created", "calibrate_s", "build_s", "_path", "elapsed_s"}
 
 
@@ -70,12 +73,16 @@ def canonical(doc, tmp: str):
     return doc
 
 
-def digest(path: Path, tmp: str) -> str:
+def digest(path: Path, tmp: str, skip: tuple[str, ...] = ()) -> str:
+    """`skip`: columns of an event log left out (`UNPRICED`)."""
     h = hashlib.sha256()
     if path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
-            for k in sorted(z.files):
-                h.update(k.encode() + np.ascontiguousarray(z[k]).tobytes())
+            for k in sorted(k for k in z.files if k not in skip):
+                data = np.ascontiguousarray(z[k]).tobytes()
+                if k.endswith("_json"):  # a log's own header: the same canonical form as a JSON file's
+                    data = json.dumps(canonical(json.loads(data), tmp), sort_keys=True).encode()
+                h.update(k.encode() + data)
     elif path.suffix == ".json":
         h.update(json.dumps(canonical(json.loads(path.read_text()), tmp), sort_keys=True).encode())
     else:
@@ -96,12 +103,12 @@ def record() -> dict[str, str]:
                       "--logs", "100", "-o", str(d))
                 for f in sorted(d.rglob("*")):
                     if f.is_file() and f.suffix in (".json", ".csv", ".npz"):
-                        out[f"{pname}/{tname}/{f.relative_to(d)}"] = digest(f, tmp)
+                        out[f"{pname}/{tname}/{f.relative_to(d)}"] = digest(f, tmp, UNPRICED[pname])
             sim = t / f"simulate-{pname}.json"
             pdsim("simulate", *TRACES["gamma"], *pargs, "--policy", "chunked", "--budget", "32",
                   "--slo", "ttft:2000", "tpot:100", "--json-out", str(sim), "--log-out", str(sim.with_suffix(".npz")))
             out[f"{pname}/simulate.json"] = digest(sim, tmp)
-            out[f"{pname}/simulate.npz"] = digest(sim.with_suffix(".npz"), tmp)
+            out[f"{pname}/simulate.npz"] = digest(sim.with_suffix(".npz"), tmp, UNPRICED[pname])
         rescored = t / "rescored.json"
         pdsim("confirm", "--rescore", str(FIXTURES / "confirm-tiny.json"), "--profile",
               str(FIXTURES / "cpu-qwen3-tiny.json"), "--force", "-o", str(rescored))
