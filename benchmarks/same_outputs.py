@@ -53,7 +53,9 @@ NO_METILE = {"mlx-lm", "mlx-lm:prefill_step=64,prompt_concurrency=2,decode_concu
 # A replay follows fresh memory only where its profile prices it; the built-in profile prices
 # none, so its logs' count of fresh token-rows per call is not a prediction and is not compared.
 UNPRICED = {"builtin": ("call_fresh",), "cpu": ()}
-VOLATILE = {"wall_s", "created", "calibrate_s", "build_s", "_path", "elapsed_s"}
+# what differs from run to run; and a results file's digests of its log files (each log file is
+# compared itself, less what `UNPRICED` leaves out)
+VOLATILE = {"wall_s", "created", "calibrate_s", "build_s", "_path", "elapsed_s", "digests"}
 
 
 def pdsim(*args: str) -> None:
