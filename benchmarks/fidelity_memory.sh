@@ -1,15 +1,15 @@
 #!/bin/bash
-# Issue 14 (memory): peak memory predicted against measured on the real engine, qwen3-0.6b, for
+# Peak memory predicted against measured on the real engine, qwen3-0.6b, for
 # six settings (chunked, budget 16/64/256 x batch size 1/4), with `pdsim confirm`; prints the
 # table and the median |error| (target <= 10%), on the whole peak and on the part above the
 # weights (the KV buffers and the largest call's temporaries, what the setting changes).
 #
-#   bash benchmarks/measure_14m.sh --profile PATH [--repeats N]
+#   bash benchmarks/fidelity_memory.sh --profile PATH [--repeats N]
 #
 # PATH: a quick calibration made by this code (it measures the memory terms), e.g.
 #   pdsim calibrate --model qwen3-0.6b --quick -o profiles/qwen3-0.6b-cpu-mem.json   # 8-10 min
 # The confirm: 6 settings x 2 fresh-process repeats of 4 requests at t=0 (prompts 200..460,
-# 8 outputs), about 12-16 minutes on a 2-core CPU. Output under runs/m14m/ (not committed).
+# 8 outputs), about 12-16 minutes on a 2-core CPU. Output under runs/memory/ (not committed).
 set -e
 cd "$(dirname "$0")/.."
 profile="" repeats=2
@@ -17,11 +17,11 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --profile) profile="$2"; shift 2 ;;
     --repeats) repeats="$2"; shift 2 ;;
-    *) echo "measure_14m.sh: unknown argument $1 (expected --profile PATH [--repeats N])" >&2; exit 2 ;;
+    *) echo "fidelity_memory.sh: unknown argument $1 (expected --profile PATH [--repeats N])" >&2; exit 2 ;;
   esac
 done
 if [ -z "$profile" ]; then
-  echo "measure_14m.sh: --profile PATH is required (pdsim calibrate --model qwen3-0.6b --quick -o PATH)" >&2
+  echo "fidelity_memory.sh: --profile PATH is required (pdsim calibrate --model qwen3-0.6b --quick -o PATH)" >&2
   exit 2
 fi
 python3 - "$profile" <<'EOF'
@@ -30,8 +30,8 @@ m = json.load(open(sys.argv[1])).get("memory") or {}
 if m.get("prefill") is None:
     sys.exit(f"{sys.argv[1]}: no memory model (calibrated before peak memory was measured); calibrate again")
 EOF
-mkdir -p runs/m14m
-out=runs/m14m/confirm-memory-$(date +%H%M%S).json
+mkdir -p runs/memory
+out=runs/memory/confirm-memory-$(date +%H%M%S).json
 date
 pdsim confirm --profile "$profile" --trace tinyllm --num-seqs 4 --min-in 200 --max-in 460 \
   --min-out 8 --max-out 8 --policy chunked --budget 16 64 256 --batch-size 1 4 --repeats "$repeats" -o "$out"

@@ -1,11 +1,11 @@
 #!/bin/bash
-# Issue 14, queue order: on a bursty trace with two priority classes, chunked fcfs against chunked
+# Queue order: on a bursty trace with two priority classes, chunked fcfs against chunked
 # priority (earliest deadline first), predicted and confirmed on the real engine (qwen3-0.6b,
 # random weights, `pdsim confirm`, 2 fresh-process repeats each): the tight class's p99 TTFT
 # under each, and what it costs the bulk class. Run on a quiet machine (anything else running
-# slows memory-bound calls by up to 2x). Output under runs/m14q/ (not committed).
+# slows memory-bound calls by up to 2x). Output under runs/priority/ (not committed).
 #
-#   bash benchmarks/measure_14q.sh [--profile P.json]
+#   bash benchmarks/fidelity_priority.sh [--profile P.json]
 #
 # About 7 minutes on a 2-core CPU: the confirm's 4 runs of ~40 s of trace each, in fresh processes
 # (model build ~11 s, warm-up) plus the correctness gate; then ~1 minute of simulator speed.
@@ -25,7 +25,7 @@ done
 PDSIM=${PDSIM:-pdsim}
 REQUESTS=${REQUESTS:-14}  # a quicker check of the script itself: REQUESTS=4 REPEATS=1
 REPEATS=${REPEATS:-2}
-OUT=runs/m14q
+OUT=runs/priority
 mkdir -p "$OUT"
 STAMP=$(date +%H%M%S)
 # 14 requests in bursts (gamma arrivals, burstiness 1/4, 1.5 requests/s on average): half tight

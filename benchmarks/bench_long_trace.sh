@@ -1,16 +1,16 @@
 #!/bin/bash
-# Issue 12's long-trace figure: the Azure 2023 conversation trace repeated COPIES times (default 78:
+# The simulator on a long trace: the Azure 2023 conversation trace repeated COPIES times (default 78:
 # 1,510,548 requests), each copy shifted to start one mean inter-arrival after the one before ends,
 # simulated under chunked with the built-in profile. Prints wall time and peak RSS
 # (`/usr/bin/time -v`) and samples the RSS every 20 s into $OUT/rss.txt (seconds, KB).
 # About 30 minutes on one core of the 2-vCPU VM; run it on a quiet machine.
-# usage: benchmarks/measure_12.sh [COPIES] [OUT]   (OUT default /tmp/pdsim-m12)
+# usage: benchmarks/bench_long_trace.sh [COPIES] [OUT]   (OUT default /tmp/pdsim-long-trace)
 set -eu
 COPIES=${1:-78}
-OUT=${2:-/tmp/pdsim-m12}
+OUT=${2:-/tmp/pdsim-long-trace}
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 SRC=${AZURE_CONV:-$HERE/../shared/traces/azure-2023/AzureLLMInferenceTrace_conv.csv}
-[ -f "$SRC" ] || { echo "measure_12.sh: no Azure conversation trace at $SRC (set AZURE_CONV=PATH)" >&2; exit 2; }
+[ -f "$SRC" ] || { echo "bench_long_trace.sh: no Azure conversation trace at $SRC (set AZURE_CONV=PATH)" >&2; exit 2; }
 mkdir -p "$OUT"
 TRACE="$OUT/azure-conv-x$COPIES.csv"
 python3 - "$SRC" "$TRACE" "$COPIES" <<'EOF'

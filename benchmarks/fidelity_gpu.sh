@@ -1,19 +1,19 @@
 #!/bin/bash
-# Issue 15 on a CUDA GPU, in one call of the device machine some sessions are lent (an H200, no
+# A fidelity round on a CUDA GPU, in one call of the device machine some sessions are lent (an H200, no
 # network, Python 3.12 with PyTorch's CUDA 13 libraries). It installs MLX's CUDA build from the
 # files in $PAYLOAD (made by `benchmarks/gpu_payload.sh`), checks that MLX runs on the GPU, then a
-# fresh quick calibration and two confirms with it: the issue's gamma workload (chunked b32 and
+# fresh quick calibration and two confirms with it: a fresh round's gamma workload (chunked b32 and
 # eager, batch 4; a report each) and the tiny-llm seed experiment. Every stage runs under what is left of
 # BUDGET_S, and the results are packed after each one, so whatever was measured comes back.
 # GRAPHS=0 runs every stage without MLX's CUDA graphs (the profile's device id then says so).
-# Results: $OUT/gpu15.tgz (profile, reports, runs, logs); the summary table is printed last.
+# Results: $OUT/fidelity-gpu.tgz (profile, reports, runs, logs); the summary table is printed last.
 set -u
 OUT=${OUT:-/tmp/pdsim-gpu}; PAYLOAD=${PAYLOAD:-.gpu}; BUDGET_S=${BUDGET_S:-540}
 GAMMA_SEED=${GAMMA_SEED:-111}; REPEATS=${REPEATS:-2}; GRID=${GRID:-quick}; SKIP_INSTALL=${SKIP_INSTALL:-0}
 W="$OUT/work"; mkdir -p "$W/runs" "$W/profiles"
 T0=$(date +%s)
 left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
-pack() { tar czf "$OUT/gpu15.tgz" -C "$OUT" work; }
+pack() { tar czf "$OUT/fidelity-gpu.tgz" -C "$OUT" work; }
 stage() {  # stage NAME MAX_S CMD...: run CMD under min(MAX_S, what is left - 15 s), log it, pack
   local name=$1 max=$2; shift 2
   local t=$(( $(left) - 15 )); (( t > max )) && t=$max
@@ -61,4 +61,4 @@ stage tinyllm 200 python3 -m sim.cli confirm --profile "$P" --trace tinyllm --mi
 stage metile 150 python3 -m sim.cli confirm --profile "$P" --trace metile --prompt-len 256 --output-len 32 \
   --setting fifo eager chunked:budget=16,order=decode-first --decode single --repeats "$REPEATS" \
   -o "$W/runs/confirm-metile.json"
-python3 benchmarks/measure_15_table.py "$W"/runs/confirm-*.json | tee "$W/table.md"; pack
+python3 benchmarks/fidelity_table.py "$W"/runs/confirm-*.json | tee "$W/table.md"; pack

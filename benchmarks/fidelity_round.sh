@@ -1,15 +1,15 @@
 #!/bin/bash
-# Issue 15's measurement: what a user runs first, `bash .ci/install && pdsim tune`, in two fresh
+# A fresh fidelity round: what a user runs first, `bash .ci/install && pdsim tune`, in two fresh
 # clones of this checkout's HEAD (two calibrations, so the spread between them shows), then the
-# README's two seed experiments and the gamma workload with the second calibration; every confirm
+# two seed experiments (docs/results.md) and the gamma workload with the second calibration; every confirm
 # probes the machine's speed around each run (`calibrate/measure/speed_probe.py`). On a quiet machine
-# (about 70 minutes on 2 cores). Clones, venvs and reports under $OUT (default /tmp/pdsim-m15);
-# the summary table: `python3 benchmarks/measure_15_table.py $OUT`. GAMMA_SEED (default 7) picks the
+# (about 50 minutes on 2 cores). Clones, venvs and reports under $OUT (default /tmp/pdsim-round);
+# the summary table: `python3 benchmarks/fidelity_table.py $OUT`. GAMMA_SEED (default 7) picks the
 # gamma workload's seed: a new one each round keeps it a workload nothing was tuned on.
 # TUNES_ONLY=1 stops after the two tunes (about 38 minutes); TUNES=B runs calibration B only (its clone
 # and tune, then the seeds and gamma on it).
 set -u
-OUT=${OUT:-/tmp/pdsim-m15}
+OUT=${OUT:-/tmp/pdsim-round}
 GAMMA_SEED=${GAMMA_SEED:-7}
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$OUT"

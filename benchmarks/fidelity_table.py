@@ -1,9 +1,9 @@
-"""The summary table of `benchmarks/measure_15.sh`'s reports: per setting, the probed machine
+"""The summary table of `benchmarks/fidelity_round.sh`'s reports: per setting, the probed machine
 speed, the median |relative error| of the six aggregates at the probed speed and at the
 calibration's, the tails, and how many replays took each run's path (`sim.metrics.decisions`; "-" for reports
-from before confirm compared paths). `python3 benchmarks/measure_15_table.py OUT [FIRST SECOND]`: FIRST and
+from before confirm compared paths). `python3 benchmarks/fidelity_table.py OUT [FIRST SECOND]`: FIRST and
 SECOND name the two clones under OUT (default A B); the seed and gamma runs are the second's.
-`python3 benchmarks/measure_15_table.py REPORT.json...`: the same table for the reports named, then
+`python3 benchmarks/fidelity_table.py REPORT.json...`: the same table for the reports named, then
 each setting's median predicted/measured per call kind."""
 import json
 import signal
@@ -13,11 +13,11 @@ from pathlib import Path
 
 SIX = ["decode_gap_p50_ms", "decode_gap_p95_ms", "p50_ttft_ms", "p95_ttft_ms", "output_throughput", "makespan_s"]
 TAILS = ["decode_gap_max_ms", "max_itl_ms", "p99_itl_ms"]
-SIX_TARGET, TAIL_TARGET = 0.05, 0.10  # issue 15: the six's median |error|; max gap and max ITL each
+SIX_TARGET, TAIL_TARGET = 0.05, 0.10  # the six's median |error|; max gap and max ITL each
 
 
 def holds(err: dict) -> bool:
-    """Issue 15's three targets at once: the six within 5% (median |error|), max gap and max ITL within 10%."""
+    """The three targets at once: the six within 5% (median |error|), max gap and max ITL within 10%."""
     return (statistics.median(abs(err[k]) for k in SIX) <= SIX_TARGET
             and max(abs(err["decode_gap_max_ms"]), abs(err["max_itl_ms"])) <= TAIL_TARGET)
 
@@ -47,7 +47,7 @@ def table(paths: dict[str, Path], by_kind: bool = False) -> None:
             sp = r["machine_speed"]["median"] or 1.0
             sp = sp if isinstance(sp, dict) else {"prefill": sp, "decode": sp}  # reports of one speed for all calls
             tails = " | ".join(f"{r['rel_error'][k]:+.0%} ({calib[k]:+.0%})" for k in TAILS)
-            at = r["machine_speed"].get("predicted_at")  # since stop 31: partway to the probes' speed
+            at = r["machine_speed"].get("predicted_at")  # partway to the probes' speed
             at = f" ({at['prefill']:.2f} / {at['decode']:.2f})" if at else ""
             took = r.get("paths")
             same = "/".join(str(run["same"]) for run in took["runs"]) + f" of {took['replays']}" if took else "-"
@@ -71,4 +71,4 @@ if __name__ == "__main__":
         stems = [Path(a).stem for a in args]  # two tunes' reports are both "confirm": named by their path then
         table({(a if stems.count(Path(a).stem) > 1 else Path(a).stem): Path(a) for a in args}, by_kind=True)
     else:
-        main(Path(args[0] if args else "/tmp/pdsim-m15"), *args[1:3])
+        main(Path(args[0] if args else "/tmp/pdsim-round"), *args[1:3])

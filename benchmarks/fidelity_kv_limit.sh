@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 14's KV-cache limit on the real engine: `pdsim confirm` of qwen3-0.6b under a KV limit small
+# The KV-cache limit on the real engine: `pdsim confirm` of qwen3-0.6b under a KV limit small
 # enough to force preemptions (chunked/b32/bs4/kv160) and the same setting without a limit, on 5
 # requests at t=0 (prompts 16..64, 24..40 outputs: every request is admitted, then the decodes outgrow
 # the limit). With every arrival at t=0 the policy's decisions do not depend on time, so the real
@@ -7,7 +7,7 @@
 # prints the confirm's tables (the usual metrics, and preemptions and recomputed tokens predicted
 # against measured), then every run's preemptions beside the prediction, call by call.
 #
-# usage: benchmarks/measure_14k.sh --profile PATH [--repeats N] [--kv-limit TOKENS] [-o DIR] [--force]
+# usage: benchmarks/fidelity_kv_limit.sh --profile PATH [--repeats N] [--kv-limit TOKENS] [-o DIR] [--force]
 #   PATH: a qwen3-0.6b profile of this machine (`pdsim calibrate --model qwen3-0.6b --quick -o PATH`)
 # Expected run time on the 2-vCPU CPU VM: about 5 minutes with 3 repeats on a quiet machine (2 settings
 # x 3 fresh processes, ~30 s each, and the correctness gate); --repeats 1 took 3.3 min here while other
@@ -15,7 +15,7 @@
 # and 90 of 90 recomputed tokens measured as predicted, the same calls).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PROFILE="" REPEATS=3 LIMIT=160 OUT=runs/m14k FORCE=()
+PROFILE="" REPEATS=3 LIMIT=160 OUT=runs/kv-limit FORCE=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --profile) PROFILE="$2"; shift 2 ;;

@@ -1,11 +1,11 @@
 #!/bin/bash
-# Issue 14, budgets that adapt: `pdsim confirm` of chunked auto:T on qwen3-0.6b for two targets T,
+# Budgets that adapt: `pdsim confirm` of chunked auto:T on qwen3-0.6b for two targets T,
 # on spread arrivals with prompts long enough that the target limits the chunks; the measured p95
 # decode gap against each target (goal: within 10%); then a simulated sweep of fixed budgets
 # against the autos, and where each sits on the Pareto fronts (p95 decode gap against output
 # throughput, and against p95 TTFT).
 #
-#   bash benchmarks/measure_14b.sh --profile PROFILE.json [--targets "T1 T2"] [--fixed "16 64"]
+#   bash benchmarks/fidelity_auto_budget.sh --profile PROFILE.json [--targets "T1 T2"] [--fixed "16 64"]
 #                                  [--repeats 3] [--out DIR]
 #
 # Targets (ms): by default computed from the profile so that they bind: a decode step of 4 rows at
@@ -16,12 +16,12 @@
 # ~1280 ms. `--fixed`: fixed budgets to confirm beside the autos (each adds ~5 min).
 #
 # On a quiet machine (anything else running slows memory-bound calls by up to 2x). Output under
-# runs/m14b/ (not committed). Expected run time on the 2-core VM: 11-14 min (the gate, 2 settings x
+# runs/auto-budget/ (not committed). Expected run time on the 2-core VM: 11-14 min (the gate, 2 settings x
 # 3 fresh-process runs of ~75 s of trace plus ~20 s of model build and warm-up each, and a sweep of
 # seconds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PROFILE="" TARGETS="" FIXED="" REPEATS=3 OUT=runs/m14b
+PROFILE="" TARGETS="" FIXED="" REPEATS=3 OUT=runs/auto-budget
 while [ $# -gt 0 ]; do
   case "$1" in
     --profile) PROFILE="$2"; shift 2 ;;
@@ -29,10 +29,10 @@ while [ $# -gt 0 ]; do
     --fixed) FIXED="$2"; shift 2 ;;
     --repeats) REPEATS="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    *) echo "measure_14b.sh: unknown argument $1 (--profile P --targets \"T1 T2\" --repeats N --out DIR)" >&2; exit 2 ;;
+    *) echo "fidelity_auto_budget.sh: unknown argument $1 (--profile P --targets \"T1 T2\" --repeats N --out DIR)" >&2; exit 2 ;;
   esac
 done
-[ -n "$PROFILE" ] || { echo "measure_14b.sh: --profile PROFILE.json is required (a calibration of qwen3-0.6b)" >&2; exit 2; }
+[ -n "$PROFILE" ] || { echo "fidelity_auto_budget.sh: --profile PROFILE.json is required (a calibration of qwen3-0.6b)" >&2; exit 2; }
 mkdir -p "$OUT"
 PDSIM="${PDSIM:-pdsim}"
 if [ -z "$TARGETS" ]; then
