@@ -30,6 +30,7 @@ from sim.core.files import atomic_write_json
 from sim.core.inputs import read_json_object
 from sim.core.outdir import file_sha256
 from sim.cost.profile import cost_model, load_profile
+from sim.engine.heap import GROUPS
 from sim.engine.log import EventLog
 from sim.engine.memory import profile_kv_bytes
 from sim.engine.work import EngineError
@@ -59,8 +60,10 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
         after = runs.schedule(grid.repeats)
         samples = run_grid(lm, grid, journal, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
         engine = runs.records()
-    samples += engine_samples(engine)
+    groups = lm.config["num_hidden_layers"]  # the heap model follows each layer's arrays (`sim.engine.heap`)
+    samples += engine_samples(engine, groups)
     fitted = fit_profile(samples, seed=seed, page=dear_page_seconds(reference_probes({"engine_runs": engine})))
+    fitted["cost"]["heap_groups"] = groups
     fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
         [EventLog.from_dict(r["log"]) for r in engine if r["part"] == "held_out"])
     fitted["memory"] = fit_memory(samples, dict(lm.config, dtype=lm.dtype), weights_bytes(lm), engine, seed)
@@ -148,7 +151,7 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
                                        places)  # the run's probes against the calibration's (none: as timed)
     added = [s for d, r, trace in zip(docs, reports, traces) for run in d["runs"]
              for s in brought_back(samples_from_log(relogged(trace, run["log"], run["setting"], cost,
-                                                             profile_kv_bytes(prof), warmed_with(d)[1]),
+                                                             profile_kv_bytes(prof), warmed_with(d)[1], cost.heap_groups),
                                                     f"run:{r.name}:{run['label']}:r{run['repeat']}"), speed(run))]
     prof.pop("_path")
     prof["samples"] = prof["samples"] + added
@@ -170,7 +173,7 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
     if prof.get("engine_runs"):  # in the order calibrate writes them: grid, engine runs, then any others
         engine = lambda s: s.get("source", "").startswith(("engine:", HELD_OUT))
         try:
-            derived = engine_samples(prof["engine_runs"])
+            derived = engine_samples(prof["engine_runs"], prof["cost"].get("heap_groups", GROUPS))
         except (KeyError, TypeError, ValueError, IndexError, EngineError) as e:  # a damaged run (schema-valid)
             raise UserError(f"profile {prof.get('_path') or prof.get('refit_of') or ''}: its engine_runs cannot be "
                             f"replayed ({type(e).__name__}: {e})") from None
@@ -178,6 +181,8 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
                    + [s for s in samples if "source" in s and not engine(s)])
     prof["samples"] = samples
     new = fit_profile(samples, seed=seed, page=dear_page_seconds(reference_probes(prof)))
+    if "heap_groups" in prof["cost"]:  # (profiles that predate it were replayed with `GROUPS`)
+        new["cost"]["heap_groups"] = prof["cost"]["heap_groups"]
     if (prof.get("memory") or {}).get("weights_bytes") is not None:  # profiles before it measured no peaks
         new["memory"] = fit_memory(samples, model_config(prof["model"]), prof["memory"]["weights_bytes"],
                                    prof.get("engine_runs") or [], seed)

@@ -26,6 +26,7 @@ from calibrate.measure.profiler import run_grid
 from calibrate.profiles import refuse_existing, write_profile
 from policies.mlxlm import check_version
 from sim.core.errors import UserError
+from sim.engine.heap import GROUPS
 from traces.generators import fixed, poisson
 from traces.trace import Trace
 
@@ -77,20 +78,25 @@ def calibrate_mlx_lm(model: str, grid: MlxLmGrid, out: Path, dtype: str = "float
         samples = run_grid(lm, grid, journal, seed=seed, progress=progress,
                            after_round=lambda r: runs.run(after[r]), profiler=MlxLmProfiler(lm, grid))
         engine = runs.records()
-    samples += engine_samples(engine)
-    fitted = fitted_profile(samples, engine, seed)
+    groups = lm.config["num_hidden_layers"]  # the heap model follows each layer's arrays (`sim.engine.heap`)
+    samples += engine_samples(engine, groups)
+    fitted = fitted_profile(samples, engine, seed, groups)
     timing = {"build_s": build_s, "calibrate_s": time.perf_counter() - t0}
     # device's `mlx_lm` is the version whose BatchGenerator was timed
     return write_profile(out, lm, quant_bits, host, grid, timing, fitted, samples, engine, partial, overwrite, engine="mlx-lm")
 
 
-def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0) -> dict:
+def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0, groups: int | None = None) -> dict:
     """`fit_mlx_lm` of the samples, with the host work between next() calls measured in the
-    fitted engine runs, and the held-out runs' share between calls."""
-    logs = {r["name"]: relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
+    fitted engine runs, and the held-out runs' share between calls. `groups`: the heap model's
+    (None: a profile that predates it, replayed with `GROUPS`)."""
+    logs = {r["name"]: relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"],
+                                groups=groups or GROUPS)
             for r in engine}
     train = [logs[r["name"]] for r in engine if r["part"] == "train"]
     fitted = fit_mlx_lm(samples, iteration_of(train), seed)
+    if groups is not None:
+        fitted["cost"]["heap_groups"] = groups
     if "replay" in fitted["fit"]:
         fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
             [logs[r["name"]] for r in engine if r["part"] == "held_out"])
@@ -99,7 +105,9 @@ def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0) -> di
 
 def refit_mlx_lm(prof: dict, seed: int = 0) -> dict:
     """An mlx-lm profile's grid samples and engine runs fitted again (today's KV rules and forms)."""
-    samples = [s for s in prof["samples"] if "source" not in s] + engine_samples(prof.get("engine_runs", []))
+    groups = prof["cost"].get("heap_groups")
+    samples = [s for s in prof["samples"] if "source" not in s] + engine_samples(prof.get("engine_runs", []),
+                                                                                 groups or GROUPS)
     prof["samples"] = samples
-    return fitted_profile(samples, prof.get("engine_runs", []), seed)
+    return fitted_profile(samples, prof.get("engine_runs", []), seed, groups)
 

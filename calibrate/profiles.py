@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from calibrate.engine.model import LoadedModel
+from calibrate.host.machine import speed_rules
 from sim.core.errors import UserError
 from sim.core.files import atomic_write_json
 
@@ -23,6 +24,7 @@ def write_profile(out: Path, lm: LoadedModel, quant_bits: int | None, host: dict
         "model": {"name": lm.name, "shapes": lm.config, "dtype": lm.dtype, "quant_bits": quant_bits,
                   "weights": lm.source, "max_context": lm.max_context},
         "device": host,
+        "speed_rules": speed_rules(host),
         "grid": grid.to_dict(),
         **timing,
         **fitted,

@@ -13,7 +13,7 @@ from policies.base import Policy
 from sim.cost.fields import ProfileError
 from sim.cost.model import CostModel
 from sim.cost.price import call_costs
-from sim.engine.heap import Heap
+from sim.engine.heap import Heap, NoHeap
 from sim.engine.kvlimit import kv_limit_of, next_work
 from sim.engine.log import EventLog
 from sim.engine.state import EngineState
@@ -42,14 +42,17 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
         raise ProfileError(f"the profile prices mlx-lm's BatchGenerator only (`pdsim calibrate --engine mlx-lm`); "
                            f"policy {policy.name!r} runs on pdsim's engine: calibrate without --engine for it")
     limit = kv_limit_of(policy, cost.kv_bytes, cost.kv_capacity)
-    state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else None, log, cost.memory, limit)
+    heap = warmed(warmup, policy, cost) if warmup is not None else cost.fresh_heap()
+    state = EngineState(trace, heap, log, cost.memory, limit)
     _serve(state, policy, cost, steady and noise is None, noise)
     return state.log
 
 
-def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> Heap:
-    """The process's heap after serving `warmup`, every cache dropped (`sim.engine.kvcache`)."""
-    state = EngineState(warmup, kv_limit=kv_limit_of(policy, cost.kv_bytes, cost.kv_capacity))
+def warmed(warmup: Trace, policy: Policy, cost: CostModel, heap: Heap | None = None) -> Heap | NoHeap:
+    """The process's heap after serving `warmup`, every cache dropped (`sim.engine.kvcache`), from
+    `heap` (default: the cost model's, `CostModel.fresh_heap`)."""
+    state = EngineState(warmup, heap if heap is not None else cost.fresh_heap(),
+                        kv_limit=kv_limit_of(policy, cost.kv_bytes, cost.kv_capacity))
     _serve(state, policy, cost, True)
     return state.kv.released()
 

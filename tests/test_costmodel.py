@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from calibrate.fit.pdsim import fit_copies, fit_form, fit_profile
+from calibrate.fit.copies import fit_copies
+from calibrate.fit.pdsim import fit_form, fit_profile
 from calibrate.measure.speed_probe import ALLOC_METHOD, dear_page_seconds, page_price
 from sim.cost.copies import is_gather, kv_copies
 from sim.cost.curve import Curve

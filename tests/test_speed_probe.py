@@ -12,7 +12,9 @@ from sim.metrics.scoring import score
 from sim.predict import replays
 from sim.replay import simulate
 from policies.settings import setting_label
-from sim.cost.speed import PROBE_WEIGHT, RUN_DECODE, MachineSpeed
+from sim.cost.speed import XEON_VM, MachineSpeed
+
+PROBE_WEIGHT, RUN_DECODE = XEON_VM.probe_weight, XEON_VM.run_decode  # a profile without speed_rules predates them
 from sim.engine.log import EventLog
 from traces.generators import tinyllm
 
@@ -55,7 +57,7 @@ def test_probes_read_the_machines_speed_and_the_prediction_follows_it():
     assert res["rel_error"]["p99_itl_ms"] == pytest.approx(SLOW ** (PROBE_WEIGHT - 1) / RUN_DECODE - 1, abs=0.005)
     # the prediction is replays at that speed, and the one beside it at the calibration's
     at_speed, _ = replays(trace, lambda: policies.make(**setting), cost, None, 0, warmup_trace(trace),
-                          MachineSpeed(1 / SLOW, 1 / SLOW).partway(run_decode=RUN_DECODE))
+                          MachineSpeed(1 / SLOW, 1 / SLOW).partway(XEON_VM))
     assert res["predicted"]["makespan_s"] == pytest.approx(score(at_speed[0])["makespan_s"], rel=1e-12)
     plain = score(simulate(trace, policies.make(**setting), cost, warmup=warmup_trace(trace)))
     assert res["at_calibration_speed"]["predicted"]["makespan_s"] == plain["makespan_s"]

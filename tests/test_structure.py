@@ -1,6 +1,7 @@
 """How the code is put together: the library never imports the command line, every command lives
 in one place and calls library functions, and metric names come from one registry."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,11 @@ def test_readme_defines_every_metric():
     text = (ROOT / "docs" / "metrics.md").read_text()
     missing = [n for n in registry.NAMES if f"`{n}`" not in text]
     assert missing == [], f"docs/metrics.md misses {missing}"
+
+
+def test_pyproject_installs_the_mlx_lm_the_policy_models():
+    """The mlx-lm policy models one BatchGenerator; a fresh install gets exactly that version."""
+    from policies.mlxlm import MODELLED
+    text = (ROOT / "pyproject.toml").read_text()
+    pins = set(re.findall(r'"mlx-lm([^";]*)"', text))
+    assert pins == {f"=={v}" for v in MODELLED}, pins

@@ -24,7 +24,7 @@ from sim.core.files import jsonable
 from sim.cost.model import CostModel
 from sim.cost.noise import CallNoise
 from sim.cost.profile import cost_model
-from sim.cost.speed import RUN_DECODE, MachineSpeed
+from sim.cost.speed import MachineSpeed, SpeedRules
 from sim.engine.log import EventLog
 from sim.metrics.decisions import paths_of
 from sim.metrics.registry import CONFIRMED, CONFIRMED_KV
@@ -44,8 +44,8 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
 
     Where the runs carry speed probes (`calibrate.measure.speed_probe`), the prediction is made at the
     machine's speed around them (prefill and decode apart, each the median over runs,
-    `probed_speed`), moved part of the way (`sim.cost.speed.PROBE_WEIGHT`: `predicted_at`; decodes then
-    `sim.cost.speed.RUN_DECODE` faster, where pdsim's probes read them), and the
+    `probed_speed`), moved part of the way by the profile's `sim.cost.speed.SpeedRules`
+    (`predicted_at`; decodes then faster, where pdsim's probes read them), and the
     one at the calibration's speed is kept beside it (`at_calibration_speed`): how much of a miss
     the machine's drift made. `warmup`, `warmup_with`: what each run's process served untimed
     first (`calibrate.measure.worker.warmup_of`); the prediction serves it too."""
@@ -63,14 +63,15 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         memory = [p["memory"] for p in known if p.get("memory")]
         probed = MachineSpeed(statistics.median(p["prefill"] for p in known),
                               statistics.median(p["decode"] for p in known), page) if known else MachineSpeed()
-        # runs in a trace-warmed process decode faster than pdsim's probes say (`sim.cost.speed.RUN_DECODE`)
+        # runs in a trace-warmed process decode faster than pdsim's probes say (`SpeedRules.run_decode`)
         pdsim_probes = bool(known) and all(r["probe"]["setting"] == SETTING for r in mine if r.get("probe"))
-        speed = probed.partway(run_decode=RUN_DECODE if pdsim_probes else 1.0)
+        speed = probed.partway(SpeedRules.of(prof), pdsim_probes)
         predictions, noisy = replays(trace, policy, cost, noise, replicas, warm, speed)  # made once, read twice
         predicted, spread = metrics_of(predictions, noisy, stall_ms)
         at_calibration = metrics_of(*replays(trace, policy, cost, noise, replicas, warm), stall_ms)[0] \
             if known else predicted
-        logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes, warmup_with if warmup else None) for r in mine]
+        logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes, warmup_with if warmup else None, cost.heap_groups)
+                for r in mine]
         typical = replays(trace, policy, cost, None, 0, warm, speed)[0][0] if noisy else predictions[0]
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)

@@ -66,13 +66,14 @@ class RealRun:
 class RealEngine:
     lm: LoadedModel
     caches: dict[str, Cache] = field(default_factory=dict)
-    heap: Heap = field(default_factory=Heap)  # the process's heap as earlier runs left it (`sim.engine.kvcache`)
+    heap: Heap | None = None  # the process's heap as earlier runs left it (`sim.engine.kvcache`); None: fresh
     kv_capacity: int | None = None  # the device's KV tokens, as the profile predicts them (`sim.engine.kvlimit.kv_limit_of`)
 
     def run(self, trace: Trace, policy: Policy, on_call=None) -> RealRun:
         """Serve `trace` under `policy` in real time; requests arrive at their trace times."""
         limit = kv_limit_of(policy, kv_bytes_per_token(self.lm.config, self.lm.dtype), self.kv_capacity)
-        state = EngineState(trace, self.heap, kv_limit=limit)
+        heap = self.heap if self.heap is not None else Heap(groups=self.lm.config["num_hidden_layers"])
+        state = EngineState(trace, heap, kv_limit=limit)
         self.caches, self.batch = {}, DecodeBatch(self.lm)
         self.mlx = None
         if policy.engine == "mlx-lm":

@@ -17,27 +17,19 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from scipy.optimize import least_squares, lsq_linear
 
-from calibrate.fit.common import (
-    FOLDS,
-    HELD_OUT,
-    TARGET,
-    best_tile,
-    context_max,
-    grid_sizes,
-    is_single,
-    knot_of,
-    knot_sizes,
-    nnls,
-    noise_of,
-    remainder_terms,
-    repeat_noise,
-    size_folds,
-    speed_by_round,
+from calibrate.fit.common import (FOLDS, HELD_OUT, TARGET, best_tile, context_max, grid_sizes, is_single, knot_of, knot_sizes,
+                                   nnls, noise_of, remainder_terms, repeat_noise, size_folds, speed_by_round)
+from calibrate.fit.copies import (
+    Copies,
+    copy_terms,
+    fit_copies,
+    fit_copy,
+    is_single_growth,
+    is_step_growth_sample,
+    kv_seconds,
 )
 from sim.core.errors import InputError
-from sim.cost.copies import call_copies, is_gather, is_step_growth
 from sim.cost.curve import Curve
 from sim.cost.model import DECODE_FORM, PREFILL_FORM, GridCostModel, LinearCostModel
 from sim.metrics.residuals import summarize
@@ -59,25 +51,6 @@ def _attention(step: str, s: dict, knot: float, lone: bool) -> list[float]:
         return [0.0] * (2 if knot < np.inf else 1) + [x]
     rows = [b * min(x, knot), b * max(0.0, x - knot)] if knot < np.inf else [b * x]
     return rows + [0.0] if lone else rows
-
-
-@dataclass(frozen=True)
-class Copies:
-    """What rebuilding KV buffers costs: seconds per token-row written (by a leave's gather, at
-    its own price: `sim.cost.copies.is_gather`) and, more, per fresh one; a constant per sync in
-    which requests join (leave) the batch cache."""
-    copy: float = 0.0
-    fresh: float = 0.0
-    join: float = 0.0
-    leave: float = 0.0
-    gather: float | None = None  # None: a gather costs `copy` (fits without sync samples)
-    fresh_step: float | None = None  # per fresh row of a step's own growth (None: `fresh`)
-    grow: float | None = None  # per row a decode's own growth writes (None: `copy`)
-    grow_single: float | None = None  # per row a single decode's own growth writes (None: `grow`)
-
-    def of(self, s: dict) -> float:
-        return (_kv(self, s)
-                + self.join * (s.get("joined", 0) > 0) + self.leave * (s.get("left", 0) > 0))
 
 
 @dataclass
@@ -105,87 +78,6 @@ class Form:
                                fresh_step=k.fresh_step, grow=k.grow, grow_single=k.grow_single,
                                join=(k.join, 0.0, 0.0),
                                leave=(k.leave, 0.0, 0.0))
-
-
-def _gather(s: dict) -> bool:
-    return is_gather(s["step"], s.get("joined", 0), s.get("left", 0))
-
-
-def _step_growth(s: dict) -> bool:
-    return is_step_growth(s["step"], s.get("joined", 0), s.get("left", 0))
-
-
-def _single_growth(s: dict) -> bool:
-    return s["step"] == "decode" and bool(s.get("written")) and is_single(s) and _step_growth(s)
-
-
-def _kv(prices, s: dict) -> float:
-    """A sample's KV copies at `prices` (a cost model or `Copies`)."""
-    return call_copies(prices, s["step"], s.get("joined", 0), s.get("left", 0), s.get("written", 0), s.get("fresh", 0),
-                       is_single(s))
-
-
-def _copy_terms(s: dict, gather: bool = False) -> list[float]:
-    """written (but a gather's), fresh, joined, left[, a gather's written]."""
-    w, g = s.get("written", 0), gather and _gather(s)
-    terms = [0 if g else w, s.get("fresh", 0), float(s.get("joined", 0) > 0), float(s.get("left", 0) > 0)]
-    return terms + [w if g else 0] if gather else terms
-
-
-def fit_copies(samples: list[dict]) -> Copies:
-    """The price of the batch cache's rebuilds, from sync calls timed on their own: per token-row
-    written and fresh, a constant per join and per leave, and per token-row a leave's gather
-    writes (0 where no sync only left: then a gather costs `copy`).
-
-    A robust fit (soft L1 on the log of predicted/measured, from the least-squares one): a sync
-    that stalled (a leave of 2,660 rows at 502 ms where its neighbours ran 14-32 us a row) would
-    otherwise set the price of every row. The log weighs a price 2x too high as much as one 2x too
-    low; an error relative to either time alone is bounded on one side, and a fit to it priced
-    this machine's leaves 8x what they ran.
-
-    That fit is of the syncs that wrote no fresh rows (where there are a few), and a fresh row's
-    price is then the median, over the syncs that wrote fresh rows, of each one's time beyond its
-    price without them, per fresh row (as `fit_fresh_step`): what a fresh row costs scatters 2-5x
-    from join to join (137-581 us in one calibration here), and one fit of all syncs leans on the
-    large joins, which write thousands of fresh rows cheaply: it priced 372 us a fresh row where
-    the median join paid 419 and confirm runs' fresh joins 450-650, and 53 us a warm row where the
-    confirm runs' joins without fresh rows copied 23-35."""
-    warm = [s for s in samples if not s.get("fresh")]
-    base = warm if len(warm) >= 4 else samples
-    X = np.array([_copy_terms(s, gather=True) for s in base])
-    y = np.array([s["seconds"] for s in base])
-    x = nnls(X, y, y)
-    used = np.abs(X).sum(axis=0) > 0
-    if used.sum() < len(base):
-        log_ratio = lambda v: np.log(np.maximum(X[:, used] @ v, 1e-3 * y) / y)
-        x[used] = least_squares(log_ratio, x[used], bounds=(0, np.inf), loss="soft_l1", f_scale=0.1,
-                                x_scale="jac").x
-    copy, fresh, join, leave, gather = map(float, x)
-    copies = Copies(copy, fresh, join, leave, gather if used[4] else None)
-    dear = [s for s in samples if s.get("fresh")]
-    if dear:
-        copies = replace(copies, fresh=fresh_row_price(dear, copies))
-    return copies
-
-
-def fresh_row_price(dear: list[dict], copies: Copies) -> float:
-    """Seconds a sync's fresh token-row costs beyond its copy, from the syncs that wrote some.
-    Where they counted their page faults, two medians: faults per fresh row, times what a fault
-    cost (each sync's time beyond its price without fresh rows, per fault). Else the median of
-    that time per fresh row.
-
-    Why two: a fresh row costs what its faults cost, and the two scatter apart. A calibration's
-    fresh syncs fault 8-45 pages a row and pay 1.6-15 us a fault, but the medians held at 28-30
-    faults a row and 10-11 us a fault in all of six calibrations, as in their confirm runs (33 a
-    row, 10-11 us each). The median of the ratio lands wherever the cheap syncs fall: 183 us a row
-    in one calibration where the others gave 273-315."""
-    beyond = [(s["seconds"] - copies.of(dict(s, fresh=0)), s) for s in dear]
-    if len(dear) >= 3 and all(s.get("faults") for s in dear):
-        per_row = statistics.median(s["faults"] / s["fresh"] for s in dear)
-        price = per_row * statistics.median(b / s["faults"] for b, s in beyond)
-    else:
-        price = statistics.median(b / s["fresh"] for b, s in beyond)
-    return max(0.0, float(price))
 
 
 def fit_fresh_step(samples: list[dict], forms: dict[str, Form],
@@ -290,7 +182,7 @@ def fit_form(step: str, samples: list[dict], tile: int | None = None, copies: Co
     if step == "prefill":
         extra = lambda s: remainder_terms(s["chunk"], tile)
     else:
-        extra = (lambda s: []) if copies is not None else _copy_terms
+        extra = (lambda s: []) if copies is not None else copy_terms
     X = np.array([[h(_size(step, s)) for h in hats] + _attention(step, s, knot, lone) + extra(s) for s in samples])
     y = np.array([s["seconds"] for s in samples])
     known = copies or Copies()
@@ -329,7 +221,7 @@ def _rel_errors(pred: np.ndarray, samples: list[dict]) -> np.ndarray:
 
 def _predict(model, step: str, samples: list[dict]) -> np.ndarray:
     """Each sample priced from its shape, its KV copies and batch changes included."""
-    copy = np.array([_kv(model, s) for s in samples])
+    copy = np.array([kv_seconds(model, s) for s in samples])
     if step == "prefill":
         return copy + np.array([model.prefill(s["chunk"], s["prefix"]) for s in samples])
     member = np.array([model.membership(s.get("joined", 0), s.get("left", 0), _contexts(s)) for s in samples])
@@ -362,10 +254,10 @@ def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -
     # steps whose own growth met fresh memory, decodes whose own growth met none, and single
     # decodes whose own cache grew price their rows apart (`fit_fresh_step`, `fit_grow`,
     # `fit_grow_single`), not in their form
-    alone = [s for s in samples if "sync" in by_step and _single_growth(s)]
-    growth = [s for s in samples if "sync" in by_step and s.get("fresh") and _step_growth(s) and not _single_growth(s)]
+    alone = [s for s in samples if "sync" in by_step and is_single_growth(s)]
+    growth = [s for s in samples if "sync" in by_step and s.get("fresh") and is_step_growth_sample(s) and not is_single_growth(s)]
     warm = [s for s in samples if "sync" in by_step and s["step"] == "decode" and s.get("written")
-            and not s.get("fresh") and _step_growth(s) and not _single_growth(s)]
+            and not s.get("fresh") and is_step_growth_sample(s) and not is_single_growth(s)]
     grown = {id(s) for s in growth + warm + alone}
     for st in ("decode", "prefill"):
         by_step[st] = [s for s in by_step[st] if id(s) not in grown]
@@ -460,7 +352,7 @@ def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:
     ratios = [(s["call"], s["bucket"], float(_predict(models[s["step"]], s["step"], [s])[0] / s["seconds"]))
               for s in calls]
     k = forms["decode"].copies
-    copy = sum(_kv(k, s) for s in calls)
+    copy = sum(kv_seconds(k, s) for s in calls)
     return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
             "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0), "speeds": replay_speeds(calls)}
 
@@ -487,20 +379,6 @@ def _held_out_errors(step: str, pts: list[dict], tests: list[set[int]], tile: in
         e_form.append(_rel_errors(_predict(lin, step, test), test))
         e_grid.append(e_form[-1] if step == "sync" else _rel_errors(_predict(_grid_model(step, lin, train), step, test), test))
     return np.concatenate(e_form), np.concatenate(e_grid)
-
-
-def fit_copy(samples: list[dict]) -> list[float]:
-    """Batch-cache rebuild cost, a + b*batch + c*batch*max(context) (non-negative, weighted), from
-    the join and leave steps of profiles made before KV copies were priced; [] without any."""
-    if not samples:
-        return []
-    X = np.array([[1.0, s["batch"], s["batch"] * context_max(s)] for s in samples])
-    y = np.array([s["seconds"] for s in samples])
-    w = 1.0 / np.maximum(y, 1e-3)  # extra times can be ~0 (noise): weigh them as 1 ms
-    res = lsq_linear(X * w[:, None], y * w, bounds=(0, np.inf))
-    for s, f in zip(samples, X @ res.x):
-        s["fitted"] = float(f)
-    return [float(c) for c in res.x]
 
 
 def _grid_model(step: str, lin: LinearCostModel, train: list[dict]) -> GridCostModel:

@@ -8,6 +8,7 @@ import mlx.core as mx
 
 from calibrate.host.blas import blas_in_use
 from calibrate.host.malloc import keep_freed_memory
+from sim.cost.speed import XEON_VM, SpeedRules
 
 
 def _cpu_name() -> str:
@@ -81,3 +82,11 @@ def host_info() -> dict:
     blas = info["blas"].split(" (core ")[-1].rstrip(")") if " (core " in info["blas"] else info["blas"].split()[0]
     info["id"] = f"{kind}:{cpu}:{cores}:{blas}" if kind == "cpu" else _gpu_id(gpu)
     return info
+
+
+def speed_rules(host: dict) -> dict:
+    """The confirm's speed rules a profile of this host records (`sim.cost.speed.SpeedRules`): the
+    ones measured on a CPU where the host is a CPU, neutral elsewhere (nothing measured them there)."""
+    if host["kind"] == "cpu":
+        return XEON_VM.to_json("measured by confirm rounds on a 2-vCPU Xeon VM (docs/confirm.md)")
+    return SpeedRules().to_json(f"not measured on a {host['kind']}: neutral")

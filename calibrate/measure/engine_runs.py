@@ -29,6 +29,7 @@ from calibrate.measure.worker import RunFailed, run_fresh, warmup_of
 from sim.core.errors import UserError
 from sim.cost.model import LinearCostModel
 from sim.cost.speed import MachineSpeed
+from sim.engine.heap import GROUPS, Heap
 from sim.engine.kvcache import STEP
 from sim.engine.log import Call, EventLog
 from sim.engine.relog import relog, served
@@ -139,7 +140,7 @@ def between_calls_share(logs: list[EventLog]) -> float:
 
 
 def relogged(trace: Trace, log: dict, setting: dict, policy_cost=None, kv_bytes: int | None = None,
-             warmup_with: str | None = "short") -> EventLog:
+             warmup_with: str | None = "short", groups: int = GROUPS) -> EventLog:
     """A worker run's log (`calibrate.measure.worker`: a warm-up, then `trace` under `setting`) with what
     the state machine derives from its calls (KV buffers written, fresh memory beyond what the
     warm-up left) recomputed by today's rules, at the measured times. `policy_cost`:
@@ -148,13 +149,14 @@ def relogged(trace: Trace, log: dict, setting: dict, policy_cost=None, kv_bytes:
     setting's KV limit in GB (`sim.engine.memory`); `warmup_with`: what the warm-up served
     (`calibrate.measure.worker.warmup_of`; None: no warm-up). A warm-up's own calls are not logged: the
     short one is replayed (its requests arrive at t=0, so any times give its path), the trace is
-    taken to have gone the run's own path (`sim.engine.relog.served`)."""
+    taken to have gone the run's own path (`sim.engine.relog.served`). `groups`: the heap model's
+    (`sim.engine.heap`; the profile's `cost.heap_groups`)."""
     run = EventLog.from_dict(log)
     if warmup_with == "trace":
-        return relog(trace, run, served(trace, run))
+        return relog(trace, run, served(trace, run, Heap(groups=groups)))
     cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0), kv_bytes=kv_bytes)
-    heap = None if warmup_with is None else \
-        warmed(warmup_of(trace, warmup_with), policies.make(**setting, cost=policy_cost or cost), cost)
+    heap = Heap(groups=groups) if warmup_with is None else \
+        warmed(warmup_of(trace, warmup_with), policies.make(**setting, cost=policy_cost or cost), cost, Heap(groups=groups))
     return relog(trace, run, heap)
 
 
@@ -201,20 +203,22 @@ class EngineRuns:
             try:
                 EventLog.from_dict(row["log"])  # a whole log, or skip it
                 self.done.setdefault(row["workload"], row["log"])
-                if row.get("probe"):  # partial files before stop 25 kept none
+                if row.get("probe"):  # partial files that predate speed probes kept none
                     self.probes.setdefault(row["workload"], row["probe"])
             except (KeyError, TypeError, ValueError):
                 continue
 
 
-def engine_samples(runs: list[dict]) -> list[dict]:
+def engine_samples(runs: list[dict], groups: int = GROUPS) -> list[dict]:
     """The calls of the calibration's engine runs as samples (held-out runs marked), their KV
     buffers derived from the calls by today's state machine (`sim.engine.relog`), so a refit of an
     older profile prices them by today's rules; each call's time at the calibration's speed
-    (`run_speeds`: `speed` the factor applied, `measured` the time as timed)."""
+    (`run_speeds`: `speed` the factor applied, `measured` the time as timed). `groups`: the
+    profile's heap groups (`relogged`)."""
     out, speeds = [], run_speeds(runs)
     for r in runs:
-        log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
+        log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"],
+                       groups=groups)
         out += brought_back(samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"]),
                             speeds.get(r["name"]))
     return out

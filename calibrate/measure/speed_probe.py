@@ -162,7 +162,7 @@ def positional_speed(logs: list[EventLog], reference: list[list[EventLog]]) -> M
     by the profile (fitted on warm grid calls), over 50 runs pdsim's probe before read prefills at
     0.86-1.05x where the run's own calls ran 0.94-1.07x, and mlx-lm's probe after read them at
     1.10-1.18x where they ran 0.95-1.06x. Timed place by place and moved partway
-    (`sim.cost.speed.PROBE_WEIGHT`), the speed strays from the run's own by a median 1.8% on
+    (`sim.cost.speed.SpeedRules`), the speed strays from the run's own by a median 1.8% on
     prefills (priced: 2.8%), at most 8% (14%), and mlx-lm's settings read 1.00-1.03x; on decodes
     by 2.7% (2.4%), at most 12% (13%). Over 48 more runs: prefills 1.6%, at most 5.5% (priced
     1.7%, 9.0%); decodes 1.8%, at most 7.7% (3.0%, 8.9%)."""

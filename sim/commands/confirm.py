@@ -114,7 +114,7 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
             print(f"machine speed against the calibration, prefill/decode (speed probes before and after each run, "
                   f"{how}): " + " ".join(f"r{p['repeat']} {p['prefill']:.2f}/{p['decode']:.2f}" for p in runs)
                   + f"; probes' median {speed['prefill']:.2f}/{speed['decode']:.2f}"
-                  + (f", predicted at {at['prefill']:.2f}/{at['decode']:.2f} (partway: sim.cost.speed.PROBE_WEIGHT)"
+                  + (f", predicted at {at['prefill']:.2f}/{at['decode']:.2f} (partway: the profile's speed rules)"
                      if (at := res["machine_speed"].get("predicted_at")) else "")
                   + (f"; a single decode's growth faults at {at['page']:.2f}x the calibration's dear page "
                      f"(the probes' dearest reading: speed_probe.page_price)" if at and "page" in at else "")

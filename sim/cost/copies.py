@@ -9,17 +9,16 @@ from sim.cost.model import CostModel
 
 def is_gather(kind: str, joined: int, left: int) -> bool:
     """A sync in which requests only leave: its rows are written by a gather of the kept rows
-    (`BatchKVCache.filter`), priced apart (`gather`) where its calibration timed one. It cost two
-    thirds of a join's row on a Xeon VM (40 us against 60) while a pad's rows were counted once;
-    with a pad's fill counted as a write of its own (`sim.engine.kvcache`), the two fit alike there
-    (37-39 us against 38 in stop 48's refits)."""
+    (`BatchKVCache.filter`), priced apart (`gather`) where its calibration timed one. With a pad's
+    fill counted as a write of its own (`sim.engine.kvcache`), the two fit alike on a Xeon VM
+    (37-39 us a row against 38)."""
     return kind == "sync" and left > 0 and not joined
 
 
 def is_step_growth(kind: str, joined: int, left: int) -> bool:
     """A prefill or decode that grows a buffer (no batch change inside it): its fresh rows cost a
-    fifth of a join's here (1-3 us a page fault against 7-12 us: `benchmarks/kv_faults.py`), so a
-    profile may price them apart (`fresh_step`)."""
+    fifth of a join's on a Xeon VM (1-3 us a page fault against 7-12 us), so a profile may price
+    them apart (`fresh_step`)."""
     return kind in ("prefill", "decode") and not joined and not left
 
 
@@ -29,16 +28,13 @@ def kv_copies(cost: CostModel, written: int, fresh: int, gather: bool = False, s
     decode's own growth: `grow`, each at its own price where the profile has one), and more per
     fresh one (a step's growth at its own price, where the profile has one). A single decode's own
     growth (a request's own cache, 256 -> 512 tokens) has one price per row, `grow_single`, where
-    the profile has one: measured on meTile's runs it cost 100-980 us a row, a median of about 450,
-    as much where the array was larger than any before as where it was not (HISTORY, stop 32), and
-    the batch cache's growths cost 50-300. What it costs is its page faults (since stop 36 the fit
-    prices them at the dear page: `calibrate.fit.pdsim.fit_grow_single`). Stop 40 tried charging them to
-    fresh rows only (by the pooled heap of then): meTile's first growth, which the heap saw as all fresh,
-    then priced 512 ms where it ran 278, and fifo's max ITL went from +56% to +83%. So a growth that
-    meets any fresh memory pays the faults on every row; one that meets none (the heap already held
-    it: after a warm-up that served the trace) pays the row's copy alone, `grow_single` less its
-    faults: stop 46's confirm runs' growths in held memory faulted nothing and ran 440-500 ms where
-    the faults priced them at 595 (meTile's max ITL +24%, max gap +32%)."""
+    the profile has one: on meTile's runs it cost 100-980 us a row, a median of about 450 (the
+    batch cache's growths 50-300). What it costs is its page faults, priced at the dear page
+    (`calibrate.fit.pdsim.fit_grow_single`), so a growth that meets any fresh memory pays the
+    faults on every row (charged to its fresh rows only, meTile's first growth priced 512 ms where
+    it ran 278); one that meets none (the heap already held it, after a warm-up that served the
+    trace) pays the row's copy alone, `grow_single` less its faults (such growths faulted nothing
+    and ran 440-500 ms where the faults priced them at 595)."""
     if grow and single and cost.grow_single is not None:
         faults = cost.grow_single_faults
         return (cost.grow_single if fresh or faults is None else cost.grow_single - faults) * written

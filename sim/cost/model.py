@@ -29,6 +29,7 @@ import numpy as np
 
 from sim.cost.curve import Curve, remainder_cost
 from sim.cost.mlxlm import MlxLmCosts
+from sim.engine.heap import GROUPS, Heap, NoHeap
 from sim.engine.memory import MemoryModel
 
 PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
@@ -50,6 +51,8 @@ class CostModel(Protocol):
     memory: MemoryModel | None  # the profile's peak-memory model (`sim.engine.memory`), if it has one
     kv_bytes: int | None  # bytes of one KV-cache token of the profile's model, if known
     kv_capacity: int | None  # tokens of KV cache the profile's device holds, if known
+    heap_groups: int  # the model's layers, as `sim.engine.heap` follows their arrays
+    prices_fresh: bool  # whether a KV token-row in fresh memory costs more than one in reused memory
     copy: float  # seconds per token-row of KV buffer a call allocates and fills (`sim.engine.kvcache`)
     fresh: float  # and more per such row in fresh memory (beyond what the process freed: `sim.engine.kvcache`)
     gather: float | None  # per token-row instead of `copy` in a sync where requests only leave (None: `copy`)
@@ -81,6 +84,10 @@ class CostModel(Protocol):
 
     def overhead(self, engine: str) -> float:
         """Host work per iteration of this engine ("pdsim" or "mlx-lm"), seconds."""
+
+    def fresh_heap(self) -> Heap | NoHeap:
+        """The heap a replay follows: `sim.engine.heap`'s model where fresh memory has a price,
+        else one that places nothing (a replay pays only for what its profile prices)."""
 
     def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
         """mlx-lm: `steps` generation steps of the same rows, no copies; the floats of `steps` calls."""
@@ -114,6 +121,15 @@ class LinearCostModel:
     memory: MemoryModel | None = None  # the profile's peak-memory model (`sim.engine.memory`), if it has one
     kv_bytes: int | None = None  # bytes of one KV-cache token of the profile's model (`sim.engine.memory`), if known
     kv_capacity: int | None = None  # tokens of KV cache the profile's device holds (`sim.engine.memory.device_kv_tokens`)
+    heap_groups: int = GROUPS  # the model's layers, as `sim.engine.heap` follows their arrays
+
+    @property
+    def prices_fresh(self) -> bool:
+        return bool(self.fresh or self.fresh_step or (self.grow_single is not None and self.grow_single_faults)
+                    or (self.mlx is not None and self.mlx.fresh))
+
+    def fresh_heap(self) -> Heap | NoHeap:
+        return Heap(groups=self.heap_groups) if self.prices_fresh else NoHeap()
 
     def mlx_lm_call(self, kind: str, tokens: int, idx: int, contexts: Sequence[int], written: int,
                     fresh: int) -> float:
@@ -244,6 +260,17 @@ class GridCostModel:
     @property
     def pdsim_forms(self) -> bool:
         return self.linear.pdsim_forms
+
+    @property
+    def heap_groups(self) -> int:
+        return self.linear.heap_groups
+
+    @property
+    def prices_fresh(self) -> bool:
+        return self.linear.prices_fresh
+
+    def fresh_heap(self) -> Heap | NoHeap:
+        return self.linear.fresh_heap()
 
     @property
     def fresh(self) -> float:

@@ -14,6 +14,7 @@ from sim.cost.fields import ProfileError
 from sim.cost.mlxlm import mlx_lm_costs
 from sim.cost.model import GridCostModel, LinearCostModel
 from sim.cost.schema import read_profile
+from sim.engine.heap import GROUPS
 from sim.engine.memory import device_kv_tokens, memory_model, profile_kv_bytes
 
 BUILTIN = Path(__file__).parents[1] / "data" / "illustrative-m4pro-qwen3-0.6b.json"
@@ -32,7 +33,7 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     memory, kv_bytes, capacity = memory_model(prof), profile_kv_bytes(prof), device_kv_tokens(prof)
     if "prefill" not in c:  # a profile of mlx-lm's calls only
         return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False, memory=memory,
-                               kv_bytes=kv_bytes, kv_capacity=capacity)
+                               kv_bytes=kv_bytes, kv_capacity=capacity, heap_groups=int(c.get("heap_groups", GROUPS)))
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]), float(c.get("iteration", 0.0)),
                           join=_triple(c.get("join")), leave=_triple(c.get("leave")),
                           prefill_dense=Curve.from_pairs(c["prefill"].get("dense")),
@@ -49,7 +50,8 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           else float(c["grow_single_faults"]),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
                           prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
-                          kv_bytes=kv_bytes, kv_capacity=capacity)
+                          kv_bytes=kv_bytes, kv_capacity=capacity,
+                          heap_groups=int(c.get("heap_groups", GROUPS)))
     grid = {step: c[step].get("use", c.get("use", "fit")) == "grid" for step in ("prefill", "decode")}
     if any(grid.values()):
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),

@@ -76,6 +76,13 @@ def check_profile(prof: dict, path) -> None:
     if "illustrative" in prof and not isinstance(prof["illustrative"], bool):
         raise w.fail("illustrative", "must be true or false")
     check_cost(w, obj(w, prof["cost"], "cost"))
+    if "speed_rules" in prof:  # `sim.cost.speed.SpeedRules`
+        rules = obj(w, prof["speed_rules"], "speed_rules")
+        for key in ("probe_weight", "run_decode"):
+            if key not in rules:
+                raise w.fail(f"speed_rules.{key}", "is missing")
+            if cost_value(w, rules[key], f"speed_rules.{key}") <= 0:
+                raise w.fail(f"speed_rules.{key}", "must be > 0")
     if "samples" in prof:
         check_samples(w, prof["samples"])
     if "grid" in prof:
@@ -113,6 +120,8 @@ def check_memory(w: Where, m: dict) -> None:
 
 
 def check_cost(w: Where, cost: dict) -> None:
+    if "heap_groups" in cost:
+        whole(w, cost["heap_groups"], "cost.heap_groups", lo=1, hi=10_000)
     if "mlx_lm" in cost:
         check_mlx_lm(w, obj(w, cost["mlx_lm"], "cost.mlx_lm"))
         if "prefill" not in cost and "decode" not in cost:  # a profile of mlx-lm's BatchGenerator only
@@ -293,10 +302,10 @@ def check_engine_runs(w: Where, runs) -> None:
                 raise w.fail(f"{f}.probe.logs", "must be a list")
             for j, plog in enumerate(probe["logs"]):
                 _log(w, plog, f"{f}.probe.logs[{j}]")
-            if probe.get("alloc_s") is not None:  # since stop 33 (`speed_probe.allocation_seconds`)
+            if probe.get("alloc_s") is not None:  # fresh memory timed (`speed_probe.allocation_seconds`)
                 numbers(w, probe["alloc_s"], f"{f}.probe.alloc_s")
                 whole(w, probe.get("alloc_bytes"), f"{f}.probe.alloc_bytes", lo=1)
-                if not isinstance(probe.get("alloc_method", ""), str):  # since stop 34
+                if not isinstance(probe.get("alloc_method", ""), str):  # absent from older probes
                     raise w.fail(f"{f}.probe.alloc_method", "must be a string")
 
 
@@ -306,7 +315,7 @@ def _log(w: Where, log, f: str) -> dict:
     for key in ("requests", "calls"):
         if not isinstance(log.get(key), list):
             raise w.fail(f"{f}.{key}", "must be a list")
-    faults = log.get("faults")  # since stop 34: each call's page faults, counted by the real engine
+    faults = log.get("faults")  # each call's page faults, counted by the real engine (absent from older logs)
     if faults is not None:
         if not isinstance(faults, list) or len(faults) != len(log["calls"]):
             raise w.fail(f"{f}.faults", f"must be a list with one count per call ({len(log['calls'])})")

@@ -5,7 +5,7 @@ chunk is bound by arithmetic, a decode step by memory bandwidth, so a neighbour'
 slows decodes more than prefills (on the 2-vCPU VM pdsim is built on, speed probes a few seconds
 apart read prefills at 1.04x and decodes at 1.19x the calibration's speed). A confirm measures
 both around each run (`calibrate.measure.speed_probe`) and predicts the run at them (`sim.predict`),
-moved part of the way only (`PROBE_WEIGHT`).
+moved part of the way only, by the profile's rules (`SpeedRules`).
 """
 from __future__ import annotations
 
@@ -16,28 +16,36 @@ import numpy as np
 
 from sim.cost.model import CostModel
 
-# How far a confirm trusts its probes: a probe of a few seconds reads the machine's drift from the
-# calibration larger than the run beside it shows. Over 42 confirmed settings on four pairs of
-# fresh calibrations on the 2-vCPU VM (stop 31), the runs' own speed (the median over their calls
-# of predicted/measured at the calibration's prices) strayed 0.6x as far as their probes' median
-# read, in log scale (least squares; 0.59-0.64 leaving out any one calibration). Moved 0.6 of the
-# way, the speed was within 3% of the runs' own in 74% of settings, against 57% moved all the way
-# and 48% not moved at all. (The fresh round after it held as many settings' six aggregates at
-# 0.6 as taken whole, and fewer tails: 8 of 12 against 9; HISTORY, stop 31.)
-# Stop 35 measured it again on 28 settings: round 7's twelve with their own calibrations, a third
-# calibration's four, and twelve scored with a calibration made in another hour (a cached profile,
-# as `pdsim tune` reuses). The runs' speed followed the probes 1.0x as far (least squares, log
-# scale). Counting the settings that held all three targets, 0.8 held 12 of 28, where 0.6 and
-# 1.0 each held 10. At 0.6, a calibration from another hour held 1 of 12, since it moves too
-# little when the machine has moved 15-40%.
-PROBE_WEIGHT = 0.8
-# What a run decodes faster than its probes say, moved partway: a run in a process that has served
-# its trace (`calibrate.measure.worker`, since stop 46) against probes timed against a calibration's. Over
-# rounds 25-28 (105 runs of pdsim's engine, stop 50) the runs' steady decodes, at the calibration's
-# prices, ran 1.35% faster than the speed they were predicted at (by round: +1.3, +1.8, +1.5,
-# +0.8%; prefills: -0.5, -1.1, +1.8, -0.1%, none), and the predictions' makespans were 1.0% long
-# (median over 53 settings of rounds 24-28). Only pdsim's probes measured it (`calibrate.confirm.protocol`).
-RUN_DECODE = 1.0135
+
+@dataclass(frozen=True)
+class SpeedRules:
+    """How a confirm turns the speed its probes read into the speed it predicts a run at, as the
+    profile's host measured it (the profile's `speed_rules`; neutral where nothing was measured).
+
+    `probe_weight`: how far, in log scale, a run's own speed follows its probes' reading: a probe
+    of a few seconds reads the machine's drift larger than the run beside it shows. `run_decode`:
+    how much faster a run in a process that has served its trace decodes than pdsim's probes say
+    (only pdsim's probes are corrected). Both are measured by confirm rounds on a host, not by one
+    calibration; docs/confirm.md gives the figures behind the values a CPU calibration writes."""
+    probe_weight: float = 1.0
+    run_decode: float = 1.0
+
+    @staticmethod
+    def of(prof: dict) -> "SpeedRules":
+        """The profile's rules; a profile that predates them keeps the rules it was predicted with."""
+        rules = prof.get("speed_rules")
+        if rules is None:
+            return XEON_VM
+        return SpeedRules(float(rules["probe_weight"]), float(rules["run_decode"]))
+
+    def to_json(self, source: str) -> dict:
+        return {"probe_weight": self.probe_weight, "run_decode": self.run_decode, "source": source}
+
+
+# Measured on the 2-vCPU Xeon VM pdsim is built on, over 28 confirmed settings (probe weight: 0.8
+# held 12 of 28 settings to all three accuracy targets, 0.6 and 1.0 each 10) and 105 runs (decodes
+# 1.35% faster than probed); docs/confirm.md. A CPU calibration writes these into its profile.
+XEON_VM = SpeedRules(probe_weight=0.8, run_decode=1.0135)
 
 
 @dataclass(frozen=True)
@@ -48,10 +56,9 @@ class MachineSpeed:
     prefill: float = 1.0
     decode: float = 1.0
     # A page fault's price now over the calibration's dear one (`calibrate.measure.speed_probe.page_price`):
-    # what a growth pays for its faults (`grow_single_faults`, `fresh_step_faults`). On this VM the price
-    # changes by the hour: in round 11 (stop 37) the probes read 2.6 us a page where the calibration
-    # read 11.5, and all 18 meTile growths paid 0-3 us a fault; in rounds 8 and 10 they read 6-16
-    # and most growths paid 10-22.
+    # what a growth pays for its faults (`grow_single_faults`, `fresh_step_faults`). On a shared VM it
+    # changes by the hour: probes have read 2.6 us a page where the calibration read 11.5, and meTile's
+    # growths then paid 0-3 us a fault; in other hours they read 6-16 and growths paid 10-22.
     page: float = 1.0
 
     def of(self, cost: CostModel) -> CostModel:
@@ -61,11 +68,12 @@ class MachineSpeed:
     def to_json(self) -> dict:
         return {"prefill": self.prefill, "decode": self.decode, **({"page": self.page} if self.page != 1.0 else {})}
 
-    def partway(self, weight: float = PROBE_WEIGHT, run_decode: float = 1.0) -> "MachineSpeed":
-        """This speed moved only `weight` of the way from the calibration's (1.0), in log scale, the
-        decodes' then times `run_decode` (`RUN_DECODE` for pdsim's probes). A page's price is read
-        directly (a probe faults pages in as a growth does), and moves all the way."""
-        return MachineSpeed(self.prefill ** weight, self.decode ** weight * run_decode, self.page)
+    def partway(self, rules: SpeedRules, pdsim_probes: bool = True) -> "MachineSpeed":
+        """This speed moved only `rules.probe_weight` of the way from the calibration's (1.0), in log
+        scale, the decodes' then times `rules.run_decode` where pdsim's own probes read them. A
+        page's price is read directly (a probe faults pages in as a growth does), and moves all the way."""
+        w = rules.probe_weight
+        return MachineSpeed(self.prefill ** w, self.decode ** w * (rules.run_decode if pdsim_probes else 1.0), self.page)
 
 
 def _at(price: float | None, speed: float) -> float | None:

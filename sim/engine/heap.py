@@ -3,38 +3,32 @@ fault pages in.
 
 The engine's process keeps what it frees (`calibrate.host.malloc`: glibc serves every block up to
 32 MiB from its heap and never trims it), so a page is faulted in once, when the heap first
-grows over it. In a run with glibc's calls traced (HISTORY, stop 43) every call's page faults
-were its growth of the heap's high-water mark, to the page. Which calls grow it is glibc's
-placement: a block takes the smallest free block that holds it (best fit, the rest left free),
-a freed block merges with its free neighbours, and one next to the top merges into the top.
+grows over it: with glibc's calls traced, every call's page faults were its growth of the heap's
+high-water mark, to the page. Which calls grow it is glibc's placement: a block takes the
+smallest free block that holds it (best fit, the rest left free), a freed block merges with its
+free neighbours, and one next to the top merges into the top.
 
 `Heap` follows that placement for the KV arrays only, in token-rows. A buffer of R rows is one
-array per layer's keys and values; they are followed in `GROUPS` groups, each block R units
-long (a unit: one row of one group). A call's arrays are built group after group, and an
-array's inputs are freed `WINDOW` groups later: MLX evaluates a call's graph in breadth-first
-order, 20 nodes wide (`MLX_BFS_MAX_WIDTH`), so about six of Qwen3-0.6B's 56 arrays are built
-before the first one's inputs go (the trace: six pads and six concatenations, then the first
-frees). Activations, logits and MLX's own 32 MB buffer cache are left out. The model's free
-memory is what it misses most: before a traced mlx-lm merge (`benchmarks/heap_trace.py`, with a
-call number) the process had 37 MB free in 328 pieces, the largest 6.4 MB, and 7 MB above its
-top; the model had 4 MB in one piece and 36 MB above the top. The merge's 3 MB arrays fit in the
-model's room and grew the process's heap: 293 rows faulted where the model said 101 (HISTORY,
-stops 44-45). What cuts the process's memory into pieces is not known yet: above the weights,
-only three of the traced blocks (64 KiB and up) were not KV arrays (logits), and smaller blocks
-are not traced. One block of activations per call, tried in stop 44, broke the decode growths'
-fault price. Against the faults of round 19's 15 pdsim confirm reports
-(`benchmarks/fresh_rules.py`), joins were predicted at 59.2k rows where they faulted 63.3k, a
-join's faulted/predicted 0.86-1.03-2.01 (p10-p50-p90; the pooled free memory before: 118.5k
-rows, 0.19-0.55-0.69), and prefills at 5.6k where they faulted 7.4k (before: 240
-rows). On round 21's, measured after this was written: joins 49.8k for 53.5k (before 102.8k),
-prefills 7.2k for 9.7k (before 567).
+array per layer's keys and values; they are followed in `groups` groups (the model's layers),
+each block R units long (a unit: one row of one group). A call's arrays are built group after
+group, and an array's inputs are freed `WINDOW` groups later: MLX evaluates a call's graph in
+breadth-first order, 20 nodes wide (`MLX_BFS_MAX_WIDTH`), so about six of Qwen3-0.6B's 56 arrays
+are built before the first one's inputs go. Activations, logits and MLX's own buffer cache are
+left out, which is where the model misses most: before a traced mlx-lm merge the process had
+37 MB free in 328 pieces and the model 4 MB in one, and the merge faulted 293 rows where the
+model said 101. Over 15 pdsim confirm reports, joins were predicted at 59.2k fresh rows where
+they faulted 63.3k (a join's faulted/predicted 0.86-1.03-2.01, p10-p50-p90), prefills at 5.6k
+where they faulted 7.4k.
+
+A replay follows the heap only where its profile prices fresh memory (`NoHeap` otherwise,
+`CostModel.fresh_heap`): placing every array is most of a replay's time.
 """
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
-GROUPS = 28  # groups the layers' arrays are followed in (Qwen3-0.6B: one per layer, keys and values)
+GROUPS = 28  # groups a profile that does not say follows the arrays in (Qwen3-0.6B's layers, keys and values)
 WINDOW = 3  # groups built before the first group's inputs are freed
 
 
@@ -49,12 +43,17 @@ class Heap:
     sizes: list[tuple[int, int]] = field(default_factory=list)  # (size, address), by size
     top: int = 0  # where the top starts: everything from here up is free
     high: int = 0  # the high-water mark: every page below it has been faulted in
-    held: list[dict[int, list[int]]] = field(default_factory=lambda: [{} for _ in range(GROUPS)])
+    held: list[dict[int, list[int]]] = field(default_factory=list)  # per group: size -> addresses
     pending: list[tuple[bool, int]] = field(default_factory=list)  # (allocate?, rows) since `settle`
+    groups: int = GROUPS  # the model's layers: each layer's keys and values are one group's arrays
+
+    def __post_init__(self) -> None:
+        if not self.held:
+            self.held = [{} for _ in range(self.groups)]
 
     def copy(self) -> "Heap":
         return Heap(dict(self.free), dict(self.ends), list(self.sizes), self.top, self.high,
-                    [{n: list(a) for n, a in g.items()} for g in self.held], list(self.pending))
+                    [{n: list(a) for n, a in g.items()} for g in self.held], list(self.pending), self.groups)
 
     def take(self, rows: int) -> None:
         """An array of `rows` token-rows allocated (placed at the next `settle`)."""
@@ -72,7 +71,7 @@ class Heap:
         ops, self.pending = self.pending, []
         first = next((i for i, (alloc, _) in enumerate(ops) if alloc), len(ops))
         for _, n in ops[:first]:  # freed before the call began (a finished request's cache)
-            for g in range(GROUPS):
+            for g in range(self.groups):
                 self._drop(g, n)
         ops = ops[first:]
         if not ops:
@@ -80,14 +79,14 @@ class Heap:
         new = [n for alloc, n in ops if alloc]
         gone = [n for alloc, n in ops if not alloc]
         before = self.high
-        for g in range(GROUPS + WINDOW):
-            if g < GROUPS:
+        for g in range(self.groups + WINDOW):
+            if g < self.groups:
                 for n in new:
                     self.held[g].setdefault(n, []).append(self._place(n))
             if g >= WINDOW:
                 for n in gone:
                     self._drop(g - WINDOW, n)
-        return (self.high - before + GROUPS // 2) // GROUPS
+        return (self.high - before + self.groups // 2) // self.groups
 
     def _place(self, size: int) -> int:
         """glibc's best fit: the smallest free block that holds `size`, else the top."""
@@ -137,3 +136,21 @@ class Heap:
     def _add_free(self, at: int, size: int) -> None:
         self.free[at], self.ends[at + size] = size, at
         insort(self.sizes, (size, at))
+
+
+class NoHeap:
+    """The heap of a replay whose profile prices no fresh memory: it places nothing, and no call
+    meets fresh memory (a replay pays only for what its profile prices; placing every KV array
+    was two thirds of a replay's time)."""
+
+    def copy(self) -> "NoHeap":
+        return self
+
+    def take(self, rows: int) -> None:
+        pass
+
+    def give(self, rows: int) -> None:
+        pass
+
+    def settle(self) -> int:
+        return 0

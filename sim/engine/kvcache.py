@@ -12,19 +12,18 @@ others at context 128 writes 4 rows of a 384-token buffer. On this CPU a token-r
 (`calibrate.engine.kernels`), so both executors log, and the cost model prices, the token-rows of KV
 buffer each call writes (`written`: buffer growth, pad, concatenate, gather; not the merge of
 joining caches, which costs next to nothing here). A pad writes its rows twice: MLX fills the new
-array with the pad value, then copies the old rows in (CPU and GPU alike). Counted once, the
-calibration's joins (half of their rows padded) priced a row 25% above the confirm runs' (a
-fifth padded); counted twice, copying joins price 0.99-1.09x what they ran, not 1.11-1.27x
-(stop 48). A test checks the sizes against the real caches, call by call.
+array with the pad value, then copies the old rows in (CPU and GPU alike): counted twice, copying
+joins price 0.99-1.09x what they ran (counted once, 1.11-1.27x). A test checks the sizes against
+the real caches, call by call.
 
 Memory the process has not used before costs more: the kernel maps and zeroes every fresh page
 (a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). So `KVBuffers`
 follows what the caches free as well as what they allocate, on a model of the process's heap
 (`sim.engine.heap`), and `fresh` counts the token-rows a call faults in there. The real engine counts
-each call's page faults (`EventLog.faults`), which measure what this estimates
-(`benchmarks/fresh_rules.py` sets the two side by side). Until stop 43 the freed memory was one
-pool any array could take from, which put a join's faults at twice what they were, and a new
-request's first chunk at none where it faulted a hundred rows.
+each call's page faults (`EventLog.faults`), which measure what this estimates (a confirm's
+call table sets the two side by side). Freed memory is not one pool any array can take from: so
+modelled, a join's faults came out at twice what they were, and a new request's first chunk at
+none where it faulted a hundred rows.
 
 mlx-lm's `BatchGenerator` keeps two batch caches, the prompt batch and the generation batch
 (`BatchCache`, with every row's left padding), rebuilt by the same operations plus a roll of the

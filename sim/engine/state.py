@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict, defaultdict
 from dataclasses import replace
 
-from sim.engine.heap import Heap
+from sim.engine.heap import Heap, NoHeap
 from sim.engine.kvcache import KVBuffers, write
 from sim.engine.kvlimit import KVLimitRules, check_kv_fit
 from sim.engine.log import Call, Column, EventLog, RequestInfo, Stretch
@@ -33,7 +33,7 @@ class EngineState(KVLimitRules, MlxLmTransitions):
     generation batch is `ready`, in the batch's order.
     """
 
-    def __init__(self, trace: Trace, heap: Heap | None = None, log: EventLog | None = None,
+    def __init__(self, trace: Trace, heap: Heap | NoHeap | None = None, log: EventLog | None = None,
                  memory: MemoryModel | None = None, kv_limit: int | None = None):
         """`heap`: the process's heap as this run finds it (after its warm-up: `sim.engine.heap`);
         `log`: where calls and tokens go (default a new `EventLog`; `sim.metrics.scored_log.ScoredLog`
