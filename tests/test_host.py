@@ -4,7 +4,7 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 
 import calibrate.host.blas as blas  # noqa: E402
-from calibrate.host.machine import machine as host  # noqa: E402
+from calibrate.host import machine as host  # noqa: E402
 
 
 def test_this_cpu_is_named_by_its_cpu_and_blas():
