@@ -131,7 +131,7 @@ def test_grids_time_unaligned_shapes_and_long_chunks_after_no_prefix_only_when_a
     # one fitted run's first decodes grow a batch of one into arrays larger than its warm-up's: the
     # samples that price a step's own growth in fresh memory (`fresh_step`)
     fifo = next(w for w in loads["train"] if w.setting == {"policy": "fifo"})
-    cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0))
+    cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0), fresh=1e-9)  # prices fresh memory: the heap runs
     log = simulate(fifo.trace, policies.make("fifo"), cost, warmup=warmup_trace(fifo.trace))
     assert len([c for c in log.calls if c.kind == "decode" and c.fresh and not c.joined]) == 3
     # and one decodes a request at a time (meTile's loop), each request's own cache growing past

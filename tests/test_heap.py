@@ -20,7 +20,7 @@ from sim.engine.kvcache import KVBuffers
 from sim.replay import simulate
 from traces.generators import gamma, metile_ab, tinyllm
 
-COST = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-6, 0.0))
+COST = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-6, 0.0), fresh=1e-9)  # prices fresh memory: the heap runs
 
 
 def call(heap: Heap, *ops: int) -> int:
@@ -33,9 +33,8 @@ def call(heap: Heap, *ops: int) -> int:
 @pytest.fixture
 def one_array(monkeypatch):
     """One array per buffer, inputs freed as soon as their array is built: glibc's placement alone."""
-    monkeypatch.setattr(sim.engine.heap, "GROUPS", 1)
     monkeypatch.setattr(sim.engine.heap, "WINDOW", 0)
-    return Heap()
+    return Heap(groups=1)
 
 
 def test_only_memory_above_the_high_water_mark_is_fresh(one_array):
@@ -67,11 +66,10 @@ def test_the_window_keeps_inputs_alive_while_later_arrays_are_built(monkeypatch)
     """Two arrays per buffer, each of 200 rows replaced by one of 150: each group's new array is
     placed, and its old one freed WINDOW groups later. Freed at once, the second group's new array
     fits the first group's old one; freed one group later, it does not."""
-    monkeypatch.setattr(sim.engine.heap, "GROUPS", 2)
     faulted = {}
     for window in (0, 1):
         monkeypatch.setattr(sim.engine.heap, "WINDOW", window)
-        heap = Heap()
+        heap = Heap(groups=2)
         assert call(heap, 200) == 200
         faulted[window] = call(heap, 150, -200)
     assert faulted == {0: 75, 1: 150}

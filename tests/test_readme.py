@@ -22,7 +22,7 @@ def commands() -> list[str]:
     for block in re.findall(r"```sh\n(.*?)```", README, re.S):
         for line in block.splitlines():
             line = line.strip().removeprefix("bash .ci/install && ").removeprefix(".venv/bin/")
-            if line.startswith("pdsim "):
+            if line.startswith("pdsim ") and line not in out:  # set-up command 1's tune is the example's
                 out.append(line)
     return out
 

@@ -66,14 +66,15 @@ class RealRun:
 class RealEngine:
     lm: LoadedModel
     caches: dict[str, Cache] = field(default_factory=dict)
-    heap: Heap | None = None  # the process's heap as earlier runs left it (`sim.engine.kvcache`); None: fresh
+    # the process's heap as earlier runs left it (`sim.engine.kvcache`): what its log's fresh rows
+    # count (a confirm relogs a run with its profile's heap model before pricing it)
+    heap: Heap = field(default_factory=Heap)
     kv_capacity: int | None = None  # the device's KV tokens, as the profile predicts them (`sim.engine.kvlimit.kv_limit_of`)
 
     def run(self, trace: Trace, policy: Policy, on_call=None) -> RealRun:
         """Serve `trace` under `policy` in real time; requests arrive at their trace times."""
         limit = kv_limit_of(policy, kv_bytes_per_token(self.lm.config, self.lm.dtype), self.kv_capacity)
-        heap = self.heap if self.heap is not None else Heap(groups=self.lm.config["num_hidden_layers"])
-        state = EngineState(trace, heap, kv_limit=limit)
+        state = EngineState(trace, self.heap, kv_limit=limit)
         self.caches, self.batch = {}, DecodeBatch(self.lm)
         self.mlx = None
         if policy.engine == "mlx-lm":
