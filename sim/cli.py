@@ -26,6 +26,7 @@ COMMANDS = {
     "calibrate": "sim.commands.calibrate_cmd",
     "confirm": "sim.commands.confirm",
     "sweep": "sim.commands.sweep",
+    "capacity": "sim.commands.capacity",
     "report": "sim.commands.report",
     "tune": "sim.commands.tune",
     "metrics": "sim.commands.metrics_cmd",
