@@ -13,9 +13,9 @@ import argparse
 import os
 import time
 
-from sim.costmodel import BUILTIN, load_profile
-from sim.settings import grid_settings, setting_label
-from sim.sweep import Inputs, grid, run_points
+from sim.cost.profile import BUILTIN, load_profile
+from policies.settings import grid_settings, setting_label
+from sim.sweep.run import Inputs, grid, run_points
 from traces.load import resolve
 
 TARGET_S = 60.0

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The files `benchmarks/gpu_15.sh` installs on the device machine, which has no network: MLX's
+# The files `benchmarks/fidelity_gpu.sh` installs on the device machine, which has no network: MLX's
 # CUDA 13 build, mlx-lm, SimPy and Altair (with the parts of its needs the machine lacks) for its
 # Python 3.12, as one archive under .gpu/ (ignored by git;
 # name it in the run's `carry`). MLX's CUDA library holds kernels for six GPU generations, 86 MiB

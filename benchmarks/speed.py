@@ -2,7 +2,7 @@
 
 Shared by the speed benchmarks (`bench_mlxlm.py`, `bench_budget.py`): each names its settings
 and calls `main`. Prints figures; asserts nothing. GC off while a setting runs, as sweeps run
-(`sim.sweep.evaluate`).
+(`sim.sweep.run.evaluate`).
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import gc
 import time
 
 import policies
-from sim.costmodel import BUILTIN, cost_model, load_profile
-from sim.metrics import score
+from sim.cost.profile import BUILTIN, cost_model, load_profile
+from sim.metrics.scoring import score
 from sim.replay import simulate
-from sim.settings import setting_label
+from policies.settings import setting_label
 from traces.generators import poisson
 
 

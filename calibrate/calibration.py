@@ -1,31 +1,40 @@
 """Calibration end to end: build the model, time the grid, fit, write the profile."""
 from __future__ import annotations
 
-import shutil
 import time
-from itertools import zip_longest
 from pathlib import Path
 
-from calibrate.profile_paths import default_profile_path, stamp
-from calibrate.fit import HELD_OUT, fit_profile
-from calibrate.grid import Grid
-from calibrate.host import host_info
-from calibrate.model import LoadedModel, build_as_profiled, build_model, weights_bytes
-from calibrate.journal import Journal
-from calibrate.memory_fit import fit_memory, model_config
-from calibrate.profiler import merge, run_grid, typical_time
-from calibrate.speed_probe import PREFILLS, dear_page_seconds, reference_probes, timed_in_place, timed_speed
-from calibrate.replay import Workload, between_calls_share, relogged, run_workloads, samples_from_log, workloads
-from calibrate.worker import warmed_with
-from sim.costmodel import cost_model, load_profile
-from sim.log import EventLog
-from sim.speed import MachineSpeed
-from sim.memory import profile_kv_bytes
-from sim.state import EngineError
+from calibrate.engine.model import build_as_profiled, build_model, weights_bytes
+from calibrate.fit.common import HELD_OUT
+from calibrate.fit.memory import fit_memory, model_config
+from calibrate.fit.pdsim import fit_profile
+from calibrate.host.machine import host_info
+from calibrate.measure.engine_runs import (
+    EngineRuns,
+    between_calls_share,
+    brought_back,
+    engine_samples,
+    relogged,
+    samples_from_log,
+    workloads,
+)
+from calibrate.measure.grid import Grid
+from calibrate.measure.journal import Journal
+from calibrate.measure.profiler import merge, run_grid, typical_time
+from calibrate.measure.speed_probe import dear_page_seconds, reference_probes, timed_in_place
+from calibrate.measure.worker import warmed_with
+from calibrate.mlxlm_calibration import refit_mlx_lm
+from calibrate.profiles import default_profile_path, refuse_existing, stamp, write_profile
+from sim.core.errors import UserError
+from sim.core.files import atomic_write_json
+from sim.core.inputs import read_json_object
+from sim.core.outdir import file_sha256
+from sim.cost.profile import cost_model, load_profile
+from sim.engine.heap import GROUPS
+from sim.engine.log import EventLog
+from sim.engine.memory import profile_kv_bytes
+from sim.engine.work import EngineError
 from traces.trace import Trace
-from sim.errors import UserError
-from sim.files import atomic_write_json, read_json_object
-from sim.outdir import file_sha256
 
 
 def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", quant_bits: int | None = None,
@@ -41,7 +50,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     if need > lm.max_context:
         raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
     loads = workloads(max(grid.batches), grid.longest_prompt(), lm.vocab_size)
-    # what the partial file's measurements are of: a resume of other work is refused (calibrate.journal)
+    # what the partial file's measurements are of: a resume of other work is refused (calibrate.measure.journal)
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
               "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine",
               "workloads": {part: [[w.name, w.trace.sha256(), w.setting] for w in ws] for part, ws in loads.items()}}
@@ -51,87 +60,15 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
         after = runs.schedule(grid.repeats)
         samples = run_grid(lm, grid, journal, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
         engine = runs.records()
-    samples += engine_samples(engine)
+    groups = lm.config["num_hidden_layers"]  # the heap model follows each layer's arrays (`sim.engine.heap`)
+    samples += engine_samples(engine, groups)
     fitted = fit_profile(samples, seed=seed, page=dear_page_seconds(reference_probes({"engine_runs": engine})))
+    fitted["cost"]["heap_groups"] = groups
     fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
         [EventLog.from_dict(r["log"]) for r in engine if r["part"] == "held_out"])
     fitted["memory"] = fit_memory(samples, dict(lm.config, dtype=lm.dtype), weights_bytes(lm), engine, seed)
     timing = {"build_s": build_s, "calibrate_s": time.perf_counter() - t0}
     return write_profile(out, lm, quant_bits, host, grid, timing, fitted, samples, engine, partial, overwrite)
-
-
-def write_profile(out: Path, lm: LoadedModel, quant_bits: int | None, host: dict, grid, timing: dict, fitted: dict,
-                  samples: list[dict], runs: list[dict], partial: Path, overwrite: bool, **extra) -> dict:
-    """A calibration's profile (pdsim's or mlx-lm's, `extra` its own fields; `quant_bits` as asked
-    for, None for weights quantized already), written atomically;
-    the partial file it was measured into goes only once the profile is safe."""
-    prof = {
-        "pdsim_profile": 1,
-        "illustrative": False,
-        **extra,
-        "created": stamp(),
-        "model": {"name": lm.name, "shapes": lm.config, "dtype": lm.dtype, "quant_bits": quant_bits,
-                  "weights": lm.source, "max_context": lm.max_context},
-        "device": host,
-        "grid": grid.to_dict(),
-        **timing,
-        **fitted,
-        "samples": samples,
-        "engine_runs": runs,
-    }
-    atomic_write_json(out, prof, overwrite=overwrite)
-    partial.unlink(missing_ok=True)
-    prof["_path"] = str(out)
-    return prof
-
-
-class EngineRuns:
-    """The calibration's engine workloads (`calibrate.replay`), each run once, between the grid's
-    rounds: the machine's speed drifts over minutes, and runs timed after the whole grid would
-    see another machine than the grid did. A finished run's log is kept in the partial file, so
-    an interrupted calibration does not run it again."""
-
-    def __init__(self, lm: LoadedModel, loads: dict[str, list[Workload]], journal: Journal, progress: bool = True):
-        self.loads, self.journal, self.partial, self.progress = loads, journal, journal.path, progress
-        self.model = {"name": lm.name, "dtype": lm.dtype, "quant_bits": lm.quant_bits, "weights": lm.source}
-        self.done: dict[str, dict] = {}
-        self.probes: dict[str, dict] = {}
-
-    def schedule(self, rounds: int) -> list[list[Workload]]:
-        """Which workloads run after each round: train and held-out ones alternating, spread evenly."""
-        parts = list(self.loads.values())
-        order = [w for group in zip_longest(*parts) for w in group if w is not None]
-        return [order[len(order) * r // rounds:len(order) * (r + 1) // rounds] for r in range(rounds)]
-
-    def run(self, loads: list[Workload]) -> None:
-        self._read()
-        todo = [w for w in loads if w.name not in self.done]
-        folder = self.partial.with_name(self.partial.name + ".runs")
-        for w, (log, probe) in zip(todo, run_workloads(self.model, todo, folder, self.progress)):  # saved as each ends
-            self.done[w.name], self.probes[w.name] = log, probe
-            self.journal.append({"workload": w.name, "log": log, "probe": probe})
-
-    def records(self) -> list[dict]:
-        """Every workload's run (running any not run yet): its part (train, held_out), setting,
-        trace, log and speed probe, as the profile keeps them (`engine_samples` derives the
-        samples again; a confirm times its probes against these, `calibrate.speed_probe`)."""
-        self.run([w for ws in self.loads.values() for w in ws])
-        shutil.rmtree(self.partial.with_name(self.partial.name + ".runs"), ignore_errors=True)
-        return [{"name": w.name, "part": part, "setting": w.setting, "trace": w.trace.to_dict(),
-                 "log": self.done[w.name], **({"probe": self.probes[w.name]} if w.name in self.probes else {})}
-                for part, ws in self.loads.items() for w in ws]
-
-    def _read(self) -> None:
-        for row in self.journal.records:
-            if "workload" not in row:
-                continue  # the grid's timings
-            try:
-                EventLog.from_dict(row["log"])  # a whole log, or skip it
-                self.done.setdefault(row["workload"], row["log"])
-                if row.get("probe"):  # partial files before stop 25 kept none
-                    self.probes.setdefault(row["workload"], row["probe"])
-            except (KeyError, TypeError, ValueError):
-                continue
 
 
 def refit(source: Path, out: Path, seed: int = 0, overwrite: bool = False) -> dict:
@@ -214,7 +151,7 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
                                        places)  # the run's probes against the calibration's (none: as timed)
     added = [s for d, r, trace in zip(docs, reports, traces) for run in d["runs"]
              for s in brought_back(samples_from_log(relogged(trace, run["log"], run["setting"], cost,
-                                                             profile_kv_bytes(prof), warmed_with(d)[1]),
+                                                             profile_kv_bytes(prof), warmed_with(d)[1], cost.heap_groups),
                                                     f"run:{r.name}:{run['label']}:r{run['repeat']}"), speed(run))]
     prof.pop("_path")
     prof["samples"] = prof["samples"] + added
@@ -225,58 +162,18 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
     return prof, before
 
 
-def engine_samples(runs: list[dict]) -> list[dict]:
-    """The calls of the calibration's engine runs as samples (held-out runs marked), their KV
-    buffers derived from the calls by today's state machine (`sim.relog`), so a refit of an
-    older profile prices them by today's rules; each call's time at the calibration's speed
-    (`run_speeds`: `speed` the factor applied, `measured` the time as timed)."""
-    out, speeds = [], run_speeds(runs)
-    for r in runs:
-        log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
-        out += brought_back(samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"]),
-                            speeds.get(r["name"]))
-    return out
-
-
-def brought_back(samples: list[dict], speed: MachineSpeed | None) -> list[dict]:
-    """Samples of a run timed at `speed` (None: the calibration's), their times at the
-    calibration's speed: prefill chunks by the prefill speed, every other call by the decode speed."""
-    out = []
-    for s in samples:
-        f = 1.0 if speed is None else speed.prefill if s["step"] in PREFILLS else speed.decode
-        out.append(dict(s, seconds=s["seconds"] * f, measured=s["seconds"], speed=f) if f != 1.0 else s)
-    return out
-
-
-def run_speeds(runs: list[dict]) -> dict[str, MachineSpeed]:
-    """Each engine run's machine speed against the calibration's: the probes served just before
-    and after it timed against the median over every run's probes (`timed_speed`, no price in
-    it; profiles from before the probe after have the one before only). A shared
-    VM slows down for minutes at a time (one held-out run here at 0.77x on prefills, 0.84x on
-    decodes, the others at 0.99-1.06x): unadjusted, its replay table reads the slowdown as the
-    model's error, and a slowed training run moves the join and leave prices fitted from its
-    calls. A probe lasts about 6 s: one before the run alone over-corrected by 7-10% there, and
-    in another calibration read 0.72x for a run that ran at 1.0x."""
-    probes = {r["name"]: [EventLog.from_dict(d) for d in r["probe"]["logs"]]
-              for r in runs if (r.get("probe") or {}).get("logs")}
-    reference = [log for logs in probes.values() for log in logs]
-    speeds = {name: timed_speed(logs, reference) for name, logs in probes.items()} if len(probes) > 1 else {}
-    return {name: s for name, s in speeds.items() if s is not None}
-
-
 def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
     """`fit_profile` of these samples; what the engine replay measured besides its calls (the time
     between calls) is a measurement, not a fit, and is kept. A profile that keeps its engine runs
     has their samples derived again (`engine_samples`)."""
     if prof.get("engine") == "mlx-lm":
-        from calibrate.mlxlm_calibration import refit_mlx_lm
         return refit_mlx_lm(prof, seed)
     samples = [dict(s, seconds=typical_time(s["times"])) if "source" not in s and len(s.get("times") or ()) > 1
                else s for s in samples]  # a grid point's time from its rounds by today's rule
     if prof.get("engine_runs"):  # in the order calibrate writes them: grid, engine runs, then any others
         engine = lambda s: s.get("source", "").startswith(("engine:", HELD_OUT))
         try:
-            derived = engine_samples(prof["engine_runs"])
+            derived = engine_samples(prof["engine_runs"], prof["cost"].get("heap_groups", GROUPS))
         except (KeyError, TypeError, ValueError, IndexError, EngineError) as e:  # a damaged run (schema-valid)
             raise UserError(f"profile {prof.get('_path') or prof.get('refit_of') or ''}: its engine_runs cannot be "
                             f"replayed ({type(e).__name__}: {e})") from None
@@ -284,6 +181,8 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
                    + [s for s in samples if "source" in s and not engine(s)])
     prof["samples"] = samples
     new = fit_profile(samples, seed=seed, page=dear_page_seconds(reference_probes(prof)))
+    if "heap_groups" in prof["cost"]:  # (profiles that predate it were replayed with `GROUPS`)
+        new["cost"]["heap_groups"] = prof["cost"]["heap_groups"]
     if (prof.get("memory") or {}).get("weights_bytes") is not None:  # profiles before it measured no peaks
         new["memory"] = fit_memory(samples, model_config(prof["model"]), prof["memory"]["weights_bytes"],
                                    prof.get("engine_runs") or [], seed)
@@ -295,7 +194,7 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
 
 def check_grid(grid: Grid, model: str) -> None:
     """Before building anything: a grid the fit can use, within the model's context."""
-    from calibrate.model import QWEN3_CONFIGS
+    from calibrate.engine.model import QWEN3_CONFIGS
     for name in ("chunks", "offsets", "batches", "contexts"):
         if not getattr(grid, name):
             raise UserError(f"the grid has no {name}")
@@ -304,7 +203,3 @@ def check_grid(grid: Grid, model: str) -> None:
         raise UserError(f"grid needs a context of {grid.max_context()} tokens; {model} allows {limit}")
 
 
-def refuse_existing(out: Path, overwrite: bool) -> None:
-    """Before any measuring: an existing profile is replaced only when the user asks."""
-    if out.exists() and not overwrite:
-        raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or choose another path)")

@@ -1,8 +1,8 @@
 """`pdsim calibrate --engine mlx-lm`: time mlx-lm BatchGenerator's calls, fit, write a profile.
 
 As pdsim's own calibration (`calibrate.calibration`): a grid of calls timed on their own path in
-shuffled rounds (`calibrate.mlxlm_profiler`), and short engine runs between the rounds, each in
-a fresh process after a warm-up, through the installed BatchGenerator itself (`calibrate.batchgen`):
+shuffled rounds (`calibrate.measure.mlxlm_profiler`), and short engine runs between the rounds, each in
+a fresh process after a warm-up, through the installed BatchGenerator itself (`calibrate.engine.batchgen`):
 two fitted (spread arrivals with prompts longer than the step; all at t=0 with staggered
 outputs, so rows join and leave the generation batch at many sizes) and two held out, never
 fitted, whose calls the fitted model prices by kind. The profile prices mlx-lm's calls only
@@ -14,18 +14,19 @@ import random
 import time
 from pathlib import Path
 
-from calibrate.calibration import EngineRuns, engine_samples, refuse_existing, write_profile
-from calibrate.grid import MlxLmGrid
-from calibrate.journal import Journal
-from calibrate.host import host_info
-from calibrate.mlxlm_batches import installed_version
-from calibrate.mlxlm_fit import fit_mlx_lm, iteration_of
-from calibrate.mlxlm_profiler import MlxLmProfiler
-from calibrate.model import build_model
-from calibrate.profiler import run_grid
-from calibrate.replay import Workload, between_calls_share, relogged
+from calibrate.engine.mlxlm_batches import installed_version
+from calibrate.engine.model import build_model
+from calibrate.fit.mlxlm import fit_mlx_lm, iteration_of
+from calibrate.host.machine import host_info
+from calibrate.measure.engine_runs import EngineRuns, Workload, between_calls_share, engine_samples, relogged
+from calibrate.measure.grid import MlxLmGrid
+from calibrate.measure.journal import Journal
+from calibrate.measure.mlxlm_profiler import MlxLmProfiler
+from calibrate.measure.profiler import run_grid
+from calibrate.profiles import refuse_existing, write_profile
 from policies.mlxlm import check_version
-from sim.errors import UserError
+from sim.core.errors import UserError
+from sim.engine.heap import GROUPS
 from traces.generators import fixed, poisson
 from traces.trace import Trace
 
@@ -66,7 +67,7 @@ def calibrate_mlx_lm(model: str, grid: MlxLmGrid, out: Path, dtype: str = "float
         raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
     longest = max(max(p) for p in grid.prompts)
     loads = workloads(min(longest + longest // 4, 160), lm.vocab_size)
-    # what the partial file's measurements are of: a resume of other work is refused (calibrate.journal)
+    # what the partial file's measurements are of: a resume of other work is refused (calibrate.measure.journal)
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source, "device": host["id"],
               "grid": grid.to_dict(), "seed": seed, "layout": "mlx-lm rounds+engine", "mlx_lm": version,
               "workloads": {part: [[w.name, w.trace.sha256(), w.setting] for w in ws] for part, ws in loads.items()}}
@@ -77,20 +78,25 @@ def calibrate_mlx_lm(model: str, grid: MlxLmGrid, out: Path, dtype: str = "float
         samples = run_grid(lm, grid, journal, seed=seed, progress=progress,
                            after_round=lambda r: runs.run(after[r]), profiler=MlxLmProfiler(lm, grid))
         engine = runs.records()
-    samples += engine_samples(engine)
-    fitted = fitted_profile(samples, engine, seed)
+    groups = lm.config["num_hidden_layers"]  # the heap model follows each layer's arrays (`sim.engine.heap`)
+    samples += engine_samples(engine, groups)
+    fitted = fitted_profile(samples, engine, seed, groups)
     timing = {"build_s": build_s, "calibrate_s": time.perf_counter() - t0}
     # device's `mlx_lm` is the version whose BatchGenerator was timed
     return write_profile(out, lm, quant_bits, host, grid, timing, fitted, samples, engine, partial, overwrite, engine="mlx-lm")
 
 
-def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0) -> dict:
+def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0, groups: int | None = None) -> dict:
     """`fit_mlx_lm` of the samples, with the host work between next() calls measured in the
-    fitted engine runs, and the held-out runs' share between calls."""
-    logs = {r["name"]: relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"])
+    fitted engine runs, and the held-out runs' share between calls. `groups`: the heap model's
+    (None: a profile that predates it, replayed with `GROUPS`)."""
+    logs = {r["name"]: relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"],
+                                groups=groups or GROUPS)
             for r in engine}
     train = [logs[r["name"]] for r in engine if r["part"] == "train"]
     fitted = fit_mlx_lm(samples, iteration_of(train), seed)
+    if groups is not None:
+        fitted["cost"]["heap_groups"] = groups
     if "replay" in fitted["fit"]:
         fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
             [logs[r["name"]] for r in engine if r["part"] == "held_out"])
@@ -99,7 +105,9 @@ def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0) -> di
 
 def refit_mlx_lm(prof: dict, seed: int = 0) -> dict:
     """An mlx-lm profile's grid samples and engine runs fitted again (today's KV rules and forms)."""
-    samples = [s for s in prof["samples"] if "source" not in s] + engine_samples(prof.get("engine_runs", []))
+    groups = prof["cost"].get("heap_groups")
+    samples = [s for s in prof["samples"] if "source" not in s] + engine_samples(prof.get("engine_runs", []),
+                                                                                 groups or GROUPS)
     prof["samples"] = samples
-    return fitted_profile(samples, prof.get("engine_runs", []), seed)
+    return fitted_profile(samples, prof.get("engine_runs", []), seed, groups)
 

@@ -5,7 +5,7 @@ decode gap a chunk causes grows with the chunk, and with the prompt's cached pre
 decode batch's contexts, so one fixed budget is too small early in a prompt and too large late in
 it. Every iteration the policy takes the longest chunk whose predicted iteration time (host work,
 the chunk, and the iteration's decodes, priced by the same cost model the simulator charges,
-`sim.steady.iteration_seconds`) is at most the target; at least 1 token, so prefill always
+`sim.cost.price.iteration_seconds`) is at most the target; at least 1 token, so prefill always
 progresses even where one token alone misses the target. The search is a bisection for a
 boundary: the chunk n fits and n + 1 does not (or n is the whole rest of the prompt). Where the
 profile prices a longer chunk cheaper than a shorter one (BLAS tiles: 128 tokens faster than

@@ -21,18 +21,24 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import ClassVar
 
-from policies.base import Options, PolicyError
+from policies.base import PolicyError
 from policies.budget import largest_fitting
-from sim.state import EngineState, RequestState
-from sim.steady import host_seconds, iteration_seconds
-from sim.work import Prefill, Work
+from policies.options import Options
+from policies.queue import QueueOrder
+from sim.cost.model import CostModel
+from sim.cost.price import host_seconds, iteration_seconds
+from sim.engine.memory import KVLimit
+from sim.engine.requests import RequestState
+from sim.engine.state import EngineState
+from sim.engine.work import Prefill, Work
 
 
 @dataclass
 class Chunked:
     opts: Options = field(default_factory=lambda: Options(budget=128))
     name: str = "chunked"
-    cost: object | None = None  # the cost model an `auto:MS` budget prices chunks with (`sim.costmodel`)
+    cost: CostModel | None = None  # the cost model an `auto:MS` budget prices chunks with (`sim.cost.model`)
+    engine: ClassVar[str] = "pdsim"
     steady: ClassVar[bool] = True
 
     @property
@@ -42,9 +48,10 @@ class Chunked:
         return self.opts.auto_s is None
 
     def __post_init__(self) -> None:
-        self.queue_order = self.opts.queue_order()  # which waiting prompt starts next
+        self.queue_order: QueueOrder = self.opts.queue_order()  # which waiting prompt starts next
+        self.kv_limit: KVLimit | None = self.opts.kv_limit
         self._target = self.opts.auto_s
-        if self._target is not None and self.cost is not None and not getattr(self.cost, "pdsim_forms", True):
+        if self._target is not None and self.cost is not None and not self.cost.pdsim_forms:
             raise PolicyError(f"budget {self.opts.budget}: the profile prices mlx-lm's calls only; an auto budget "
                               "prices pdsim's prefill and decode calls (calibrate without --engine mlx-lm)")
 

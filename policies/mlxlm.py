@@ -27,8 +27,8 @@ from itertools import islice
 from typing import ClassVar
 
 from policies.base import PolicyError
-from sim.state import EngineState
-from sim.work import BatchPrefill, FirstForward, Generate, JoinPrompt, Work
+from sim.engine.state import EngineState
+from sim.engine.work import BatchPrefill, FirstForward, Generate, JoinPrompt, Work
 
 MODELLED = ("0.32.2",)  # mlx-lm versions whose BatchGenerator this policy was checked against
 SERVER_FLAGS = {"prefill_step": "--prefill-step-size", "prompt_concurrency": "--prompt-concurrency",
@@ -45,7 +45,10 @@ class MlxLm:
     # an iteration that is only a step of an unchanged generation batch repeats until a request
     # arrives or finishes (`sim.steady` prices such stretches at once); the others run one by one
     steady: ClassVar[bool] = True
-    engine: ClassVar[str] = "mlx-lm"  # its calls are BatchGenerator's (`sim.work`)
+    engine: ClassVar[str] = "mlx-lm"  # its calls are BatchGenerator's (`sim.engine.work`)
+    steady_chunks: ClassVar[bool] = True
+    queue_order: ClassVar[None] = None  # BatchGenerator admits waiting prompts in arrival order
+    kv_limit: ClassVar[None] = None  # and has no KV-cache limit
 
     def __post_init__(self) -> None:
         for key in DEFAULTS:

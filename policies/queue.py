@@ -12,7 +12,7 @@ request, so one option orders all three, in the simulator and on the real engine
 Why a started prefill is always finished first: a partly prefilled prompt holds its KV cache, and
 switching to another would keep two partial caches resident; vLLM likewise schedules running
 requests before waiting ones. So the order decides which prompt starts next, never interrupts
-one. A request preempted by a KV limit (`sim.kvlimit`) resumes before any prompt that has not
+one. A request preempted by a KV limit (`sim.engine.kvlimit`) resumes before any prompt that has not
 begun, in every order: it has emitted tokens already (a client mid-stream) and its recompute is
 owed; vLLM's default scheduler likewise puts a preempted request back at the front of its
 waiting queue. A prompt that does not fit the limit waits at the front; later prompts wait
@@ -31,7 +31,8 @@ import math
 import weakref
 from dataclasses import dataclass, field
 
-from sim.state import EngineState, RequestState
+from sim.engine.requests import RequestState
+from sim.engine.state import EngineState
 
 QUEUES = ("fcfs", "sjf", "priority")
 DEFAULT_AGING_S = 30.0
@@ -65,7 +66,7 @@ class QueueOrder:
 
     def next(self, state: EngineState) -> RequestState | None:
         """The queued request whose prefill runs next: a started prefill first, then a preempted
-        request (`sim.kvlimit`), then the oldest request if it has waited the aging bound or
+        request (`sim.engine.kvlimit`), then the oldest request if it has waited the aging bound or
         longer, then the queue's order."""
         queued = state.queued
         if not queued:

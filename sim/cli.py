@@ -4,7 +4,7 @@ Every command lives in `sim/commands/` and calls library functions; no library m
 the CLI. The commands that run MLX (they import `calibrate` inside `run`, so `sim` itself never
 imports MLX) set `NEEDS_MLX = True`, which switches to an optimized BLAS before MLX is imported.
 
-Errors a user can cause (`sim.errors.user_errors`: bad input, missing files, mismatched profiles)
+Errors a user can cause (`sim.core.errors.UserError`: bad input, missing files, mismatched profiles)
 print one line and exit 2; anything else is a bug and shows its traceback. Ctrl-C exits 130
 after whatever was measured has been saved, at any moment: also while the parser and the
 command's modules are still being imported (this module imports nothing heavy at its top, so
@@ -17,7 +17,7 @@ import importlib
 import os
 import sys
 
-from sim.errors import user_errors
+from sim.core.errors import UserError
 
 COMMANDS = {
     "simulate": "sim.commands.simulate",
@@ -26,6 +26,7 @@ COMMANDS = {
     "calibrate": "sim.commands.calibrate_cmd",
     "confirm": "sim.commands.confirm",
     "sweep": "sim.commands.sweep",
+    "capacity": "sim.commands.capacity",
     "report": "sim.commands.report",
     "tune": "sim.commands.tune",
     "metrics": "sim.commands.metrics_cmd",
@@ -50,15 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    command, errors = "pdsim", ()
+    command = "pdsim"
     try:
-        errors = user_errors()  # imports every layer's error classes: inside the try, as all imports here
         parser = build_parser()
         args = parser.parse_args(argv)
         command = f"pdsim {args.command}"
         module = importlib.import_module(COMMANDS[args.command])
         if getattr(module, "NEEDS_MLX", False):
-            from calibrate.blas import ensure_fast_blas
+            from calibrate.host.blas import ensure_fast_blas
             ensure_fast_blas(argv)
         return module.run(args)
     except KeyboardInterrupt:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except errors as e:  # (the tuple is read when an exception is matched, so it is the one set above)
+    except UserError as e:
         print(f"{command}: error: {e}", file=sys.stderr)
         return 2
 

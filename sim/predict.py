@@ -1,6 +1,6 @@
 """A run's predicted metrics: one replay at typical call times, or the median over noisy replays.
 
-With a profile that measured its engine's call noise (`sim.noise`), a run is replayed `replicas`
+With a profile that measured its engine's call noise (`sim.cost.noise`), a run is replayed `replicas`
 times, each call's time multiplied by a seeded draw, and every metric is the median over the
 replays: a max gap is then the worst of the calls as they come, not of their typical times, and
 a measured run's figure is compared with what a run typically shows. Replica i uses seed i, so
@@ -13,12 +13,12 @@ from statistics import median
 from typing import Callable
 
 from policies.base import Policy
-from sim.costmodel import CostModel
-from sim.log import EventLog
-from sim.metrics import log_class_metrics, score
-from sim.noise import CallNoise
+from sim.cost.model import CostModel
+from sim.cost.noise import CallNoise
+from sim.cost.speed import MachineSpeed
+from sim.engine.log import EventLog
+from sim.metrics.scoring import log_class_metrics, score
 from sim.replay import simulate
-from sim.speed import MachineSpeed
 from traces.trace import Trace
 
 REPLICAS = 15
@@ -31,7 +31,7 @@ def replays(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: 
     the call noise (replica i seeded i), or one at typical call times. `policy` makes a fresh
     policy for each replay (a policy may keep a run's queue, and prices an `auto` budget's chunks
     at the calibration's speed, as the real engine's does). `speed`: the machine's speed against
-    its calibration's (a confirm's probes, `calibrate.speed_probe`): every call at its kind's."""
+    its calibration's (a confirm's probes, `calibrate.measure.speed_probe`): every call at its kind's."""
     cost = speed.of(cost)
     if noise is None or replicas < 1:
         return [simulate(trace, policy(), cost, warmup=warmup)], False
@@ -63,7 +63,7 @@ def metrics_of(logs: list[EventLog], noisy: bool,
 
 def predict_classes(trace: Trace, policy: Callable[[], Policy], cost: CostModel, noise: CallNoise | None = None,
                     replicas: int = REPLICAS, warmup: Trace | None = None) -> dict[str, dict] | None:
-    """Each priority class's figures (`sim.metrics.class_metrics`) as predicted (`replays`, then
+    """Each priority class's figures (`sim.metrics.scoring.class_metrics`) as predicted (`replays`, then
     `classes_of`); None for a trace without classes."""
     if not any(r.cls is not None for r in trace.requests):
         return None

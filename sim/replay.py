@@ -10,12 +10,15 @@ from typing import Callable
 import simpy
 
 from policies.base import Policy
-from sim.costmodel import CostModel, ProfileError
-from sim.heap import Heap
-from sim.kvlimit import kv_limit_of, next_work
-from sim.log import EventLog
-from sim.state import EngineError, EngineState
-from sim.steady import call_costs, steady_steps, steady_times, stretch_end
+from sim.cost.fields import ProfileError
+from sim.cost.model import CostModel
+from sim.cost.price import call_costs
+from sim.engine.heap import Heap, NoHeap
+from sim.engine.kvlimit import kv_limit_of, next_work
+from sim.engine.log import EventLog
+from sim.engine.state import EngineState
+from sim.engine.work import EngineError
+from sim.steady import steady_steps, steady_times, stretch_end
 from traces.trace import Trace
 
 
@@ -29,31 +32,27 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
     call's cost) and SimPy advances with it. `steady=False` turns off the bulk pricing of steady
     stretches (`sim.steady`), for checking that it changes nothing. `warmup`: a trace the same
     process served first (a confirm run's warm-up), whose KV arrays the allocator then reuses.
-    `log`: where the run is logged (`sim.scored_log.ScoredLog` scores a long run in bounded memory).
-    `noise`: a factor for every call's time (`sim.noise.CallNoise.sampler`); it turns the steady
+    `log`: where the run is logged (`sim.metrics.scored_log.ScoredLog` scores a long run in bounded memory).
+    `noise`: a factor for every call's time (`sim.cost.noise.CallNoise.sampler`); it turns the steady
     stretches off, since every call then takes its own time.
     The cost model's memory model, if its profile has one, predicts the run's peak memory
-    (`sim.memory`, the log's `peak_memory`).
+    (`sim.engine.memory`, the log's `peak_memory`).
     """
-    if engine_of(policy) == "pdsim" and not getattr(cost, "pdsim_forms", True):
+    if policy.engine == "pdsim" and not cost.pdsim_forms:
         raise ProfileError(f"the profile prices mlx-lm's BatchGenerator only (`pdsim calibrate --engine mlx-lm`); "
                            f"policy {policy.name!r} runs on pdsim's engine: calibrate without --engine for it")
-    limit = kv_limit_of(policy, getattr(cost, "kv_bytes", None), getattr(cost, "kv_capacity", None))
-    state = EngineState(trace, warmed(warmup, policy, cost) if warmup is not None else None, log,
-                        getattr(cost, "memory", None), limit)
+    limit = kv_limit_of(policy, cost.kv_bytes, cost.kv_capacity)
+    heap = warmed(warmup, policy, cost) if warmup is not None else cost.fresh_heap()
+    state = EngineState(trace, heap, log, cost.memory, limit)
     _serve(state, policy, cost, steady and noise is None, noise)
     return state.log
 
 
-def engine_of(policy: Policy) -> str:
-    """The engine whose calls the policy asks for: "pdsim" (its own), or "mlx-lm" (BatchGenerator)."""
-    return getattr(policy, "engine", "pdsim")
-
-
-def warmed(warmup: Trace, policy: Policy, cost: CostModel) -> Heap:
-    """The process's heap after serving `warmup`, every cache dropped (`sim.kvcache`)."""
-    state = EngineState(warmup, kv_limit=kv_limit_of(policy, getattr(cost, "kv_bytes", None),
-                                                     getattr(cost, "kv_capacity", None)))
+def warmed(warmup: Trace, policy: Policy, cost: CostModel, heap: Heap | None = None) -> Heap | NoHeap:
+    """The process's heap after serving `warmup`, every cache dropped (`sim.engine.kvcache`), from
+    `heap` (default: the cost model's, `CostModel.fresh_heap`)."""
+    state = EngineState(warmup, heap if heap is not None else cost.fresh_heap(),
+                        kv_limit=kv_limit_of(policy, cost.kv_bytes, cost.kv_capacity))
     _serve(state, policy, cost, True)
     return state.kv.released()
 
@@ -62,7 +61,7 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
            noise: Callable[[], float] | None = None) -> None:
     """The engine process over `state`'s trace, run to the end."""
     env = simpy.Environment()
-    host = cost.overhead(engine_of(policy)) if hasattr(cost, "overhead") else cost.iteration
+    host = cost.overhead(policy.engine)
 
     def until(when: float) -> simpy.Timeout:
         return env.timeout(max(0.0, when - env.now))  # SimPy's clock may trail `t` by a rounding

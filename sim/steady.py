@@ -15,77 +15,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from itertools import accumulate, chain
 
-from sim.costmodel import CostModel
-from sim.kvcache import write
-from sim.residuals import price
-from sim.state import EngineState
-from sim.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
-
-
-def call_costs(cost: CostModel, state: EngineState, work: Work, rows=None) -> tuple[float, float]:
-    """Seconds that `work` takes on the modelled engine, from the shapes the state gives it, priced
-    as its logged calls would be (`sim.residuals.price`): the batch cache's rebuild first (0 unless
-    requests join or leave it), then the call itself. `rows`: `state.kv_rows(work)`, if known."""
-    try:
-        if isinstance(work, JoinPrompt):
-            return 0.0, 0.0  # no model call (`sim.work.JoinPrompt`)
-        (sync_written, sync_fresh), (written, fresh) = rows or state.kv_rows(work)
-        if isinstance(work, BatchPrefill):
-            contexts = [state.queued[r].prefilled for r, _ in work.rows]
-            return 0.0, price(cost, "prompt", max(n for _, n in work.rows), state.kv.prompt.idx, contexts, True, 0, 0,
-                              written, fresh)
-        if isinstance(work, (FirstForward, Generate)):
-            kind, states = ("first", state.queued) if isinstance(work, FirstForward) else ("generate", state.ready)
-            contexts = [states[r].req.prompt_len if kind == "first" else states[r].context for r in work.rids]
-            return 0.0, price(cost, kind, len(contexts), 0, contexts, True, 0, 0, written, fresh)
-        if isinstance(work, Prefill):
-            return 0.0, price(cost, "prefill", work.tokens, state.queued[work.rid].prefilled, (), True, 0, 0,
-                              written, fresh)
-        contexts = [state.ready[rid].context for rid in work.rids]
-        joined, left = state.batch_change(work)
-        sync = price(cost, "sync", len(contexts), 0, contexts, True, joined, left, sync_written, sync_fresh) \
-            if joined or left else 0.0
-        return sync, price(cost, "decode", len(contexts), 0, contexts, work.batched, 0, 0, written, fresh)
-    except (KeyError, AttributeError):
-        state.check(work)  # raises EngineError saying what the policy got wrong
-        raise
-
-
-def host_seconds(cost: CostModel, engine: str = "pdsim") -> float:
-    """Host work before an iteration's first call, as the replay charges it."""
-    return cost.overhead(engine) if hasattr(cost, "overhead") else cost.iteration
-
-
-def iteration_seconds(cost: CostModel, state: EngineState, work: list[Work], host: float,
-                      memo: dict | None = None) -> float:
-    """What the replay would charge for the iteration `work` if it ran next: `host` then every
-    call, each priced after the ones before it ran (`call_costs`). An `auto` budget compares
-    candidate chunks with it (`policies.budget`), so a chunk the simulator runs costs what the
-    policy predicted. Calls that allocate no array and complete no prompt change nothing another
-    call's price reads (a chunk writes its own cache, a decode the batch's; an array, even in
-    freed memory, moves where the next one lands: `sim.heap`), so each is
-    priced on the state as it is, once (`memo`: prices by call, for the candidates of one
-    iteration); otherwise the iteration is followed on a scratch copy (`EngineState.what_if`)."""
-    memo = {} if memo is None else memo
-    completes = any(isinstance(w, Prefill) and w.tokens == state.queued[w.rid].prefill_left for w in work)
-    if not completes or len(work) == 1:
-        total, moved = host, False
-        for w in work:
-            got = memo.get(w)
-            if got is None:
-                rows = state.kv_rows(w)
-                allocates = rows[0][0] + rows[1][0] > 0 or (isinstance(w, Decode) and state.batch_change(w) != (0, 0))
-                got = memo[w] = (sum(call_costs(cost, state, w, rows)), allocates)
-            total += got[0]
-            moved = moved or got[1]
-        if not moved or len(work) == 1:
-            return total
-    scratch, t = state.what_if(work), host
-    for w in work:
-        sync, seconds = call_costs(cost, scratch, w)
-        scratch.apply(w, scratch.now, scratch.now + (sync + seconds), scratch.now + sync)
-        t += sync + seconds
-    return t
+from sim.cost.model import CostModel
+from sim.cost.price import call_costs
+from sim.engine.kvcache import write
+from sim.engine.state import EngineState
+from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
 
 
 def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
@@ -93,12 +27,12 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
 
     The stretch ends with the iteration in which the first of its requests emits its last token,
     and before the chunk that would complete a prompt (the policy may then do something else), or
-    before a KV buffer would grow after the first iteration (`sim.kvcache`: that call copies).
+    before a KV buffer would grow after the first iteration (`sim.engine.kvcache`: that call copies).
     At most one batched decode, on the batch cache's rows as they are, and no request twice.
     """
-    if not getattr(policy, "steady", False) or sum(isinstance(w, Decode) and w.batched for w in work) > 1:
+    if not policy.steady or sum(isinstance(w, Decode) and w.batched for w in work) > 1:
         return 0
-    if not getattr(policy, "steady_chunks", True) and any(isinstance(w, Prefill) for w in work):
+    if not policy.steady_chunks and any(isinstance(w, Prefill) for w in work):
         return 0  # its chunks change from one iteration to the next (an `auto` budget)
     if any(isinstance(w, (JoinPrompt, BatchPrefill, FirstForward, Generate)) for w in work):
         return _generate_steps(state, work)
@@ -124,7 +58,7 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
                 n = min([n] + [_fits(state.kv.own.get(r, 0), state.ready[r].context - 1, 1) for r in w.rids])
             seen.update(w.rids)
         steps = n if steps is None else min(steps, n)
-    if steps and state.kv_limit is not None:  # the iterations whose tokens fit the KV limit (`sim.kvlimit`)
+    if steps and state.kv_limit is not None:  # the iterations whose tokens fit the KV limit (`sim.engine.kvlimit`)
         grows = state.kv_after(work) - state.kv_used
         if grows:
             steps = min(steps, (state.kv_limit - state.kv_used) // grows)
@@ -134,7 +68,7 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
 def stretch_end(policy, state: EngineState) -> float | None:
     """Where a stretch must stop: the next arrival, or sooner the moment the policy's queue order
     may pick another prompt with nothing arrived (`policies.queue.QueueOrder.reorders_at`)."""
-    order = getattr(policy, "queue_order", None)
+    order = policy.queue_order
     ends = [t for t in (state.next_arrival, order.reorders_at(state) if order else None) if t is not None]
     return min(ends, default=None)
 

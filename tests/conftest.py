@@ -2,4 +2,4 @@
 a profile records its BLAS in the device id, and a command refuses a profile from another device."""
 import os
 
-os.environ.setdefault("PDSIM_BLAS_CHECKED", "1")  # no re-exec with another BLAS (calibrate/blas.py)
+os.environ.setdefault("PDSIM_BLAS_CHECKED", "1")  # no re-exec with another BLAS (calibrate/host/blas.py)

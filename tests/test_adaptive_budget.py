@@ -10,12 +10,13 @@ import policies
 from cli_checks import refused
 from policies import PolicyError
 from policies.budget import auto_target, largest_fitting, parse_budget
-from sim.costmodel import BUILTIN, LinearCostModel, cost_model, load_profile
+from sim.cost.model import LinearCostModel
+from sim.cost.profile import BUILTIN, cost_model, load_profile
 from sim.replay import simulate
-from sim.settings import Setting, grid_settings, setting, setting_label
-from sim.state import EngineState
-from sim.steady import host_seconds, iteration_seconds
-from sim.work import Prefill
+from policies.settings import Setting, grid_settings, setting, setting_label
+from sim.engine.state import EngineState
+from sim.cost.price import host_seconds, iteration_seconds
+from sim.engine.work import Prefill
 from traces.trace import Request, Trace
 
 
@@ -113,8 +114,8 @@ class Watched:
     seen: list
 
     def __post_init__(self):
-        self.name, self.steady = self.inner.name, self.inner.steady
-        self.steady_chunks = getattr(self.inner, "steady_chunks", True)
+        for attr in ("name", "engine", "steady", "steady_chunks", "queue_order", "kv_limit"):  # `Policy`'s
+            setattr(self, attr, getattr(self.inner, attr))
 
     def schedule(self, state: EngineState):
         work = self.inner.schedule(state)
@@ -197,7 +198,7 @@ def test_adaptive_budgets_replay_in_stretches_as_call_by_call(trace, s, cost):
 
 
 def test_auto_binds_the_decode_gap_and_a_larger_target_takes_larger_chunks():
-    from sim.metrics import score
+    from sim.metrics.scoring import score
     from traces.generators import tinyllm
     cost, trace = cost_model(load_profile(BUILTIN)), tinyllm()
     gaps, chunks = [], []
@@ -260,7 +261,7 @@ def test_bad_adaptive_budgets_get_one_line_and_exit_2(args, says, capsys):
 
 def test_picks_break_ties_fixed_budgets_then_auto_by_target_then_whole_prompts():
     import pandas as pd
-    from sim.pick import Objective, rank
+    from sim.sweep.pick import Objective, rank
     df = pd.DataFrame({"label": ["e", "a80", "b64", "a40", "b16"], "budget": [None, "auto:80", 64, "auto:40", 16],
                        "output_throughput": [1.0] * 5})
     assert list(rank(df, [], Objective())["label"]) == ["b16", "b64", "a40", "a80", "e"]

@@ -7,7 +7,7 @@ import pytest
 
 from cli_checks import refused
 from sim.cli import main
-from sim.costmodel import BUILTIN
+from sim.cost.profile import BUILTIN
 
 PROFILE = json.loads(BUILTIN.read_text()) if hasattr(BUILTIN, "read_text") else json.load(open(BUILTIN))
 ROW = {"id": "a", "arrival": 0, "prompt_len": 5, "output_len": 3}

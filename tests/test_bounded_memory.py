@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 import policies
-from sim.costmodel import BUILTIN, cost_model, load_profile
-from sim.logfile import read_log, write_log
-from sim.metrics import score
-from sim.quantiles import Distribution
+from sim.cost.profile import BUILTIN, cost_model, load_profile
+from sim.metrics.logfile import read_log, write_log
+from sim.metrics.scoring import score
+from sim.metrics.quantiles import Distribution
 from sim.replay import simulate
-from sim.scored_log import ScoredLog, simulate_scored
-from sim.tally import Slo
+from sim.metrics.scored_log import ScoredLog, simulate_scored
+from sim.metrics.tally import Slo
 from traces.generators import poisson, tinyllm
 
 COST = cost_model(load_profile(BUILTIN))
@@ -111,8 +111,8 @@ def test_a_log_file_reads_back_as_the_runs_log(tmp_path, setting):
 
 
 def test_a_log_written_as_the_run_goes_is_the_runs_log(tmp_path):
-    from sim.logfile import LogWriter
-    from sim.tally import RequestTable
+    from sim.metrics.logfile import LogWriter
+    from sim.metrics.tally import RequestTable
     trace, setting = TRACES["poisson"], dict(policy="eager", batch_size=4)
     writer = LogWriter(tmp_path / "run.npz", RequestTable.of(trace.requests))
     tally = simulate_scored(trace, policies.make(**setting), COST, keep_rows=True, writer=writer)
@@ -124,13 +124,13 @@ def test_a_log_written_as_the_run_goes_is_the_runs_log(tmp_path):
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "/".join(map(str, s.values())))
 def test_gaps_judged_in_small_batches_are_tiny_llms_gaps(setting, monkeypatch):
     """Decode gaps are judged a buffer at a time, and requests done behind every judged gap are only
-    counted: with a buffer of 5 calls the gaps are still exactly `sim.metrics.decode_gaps` of the log."""
-    import sim.tally
-    from sim.metrics import decode_gaps
+    counted: with a buffer of 5 calls the gaps are still exactly `sim.metrics.scoring.decode_gaps` of the log."""
+    import sim.metrics.tally
+    from sim.metrics.scoring import decode_gaps
     trace = poisson(num_requests=120, rate=6.0, seed=4)
     log = simulate(trace, policies.make(**setting), COST)
     want = np.sort(decode_gaps(log) * 1e3)
-    monkeypatch.setattr(sim.tally, "FLUSH", 5)
+    monkeypatch.setattr(sim.metrics.tally, "FLUSH", 5)
     tally = simulate_scored(trace, policies.make(**setting), COST)
     got = tally.result()
     assert np.array_equal(np.sort(tally.gaps.values()), want)

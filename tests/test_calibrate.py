@@ -9,18 +9,20 @@ import numpy as np
 import pytest
 
 import policies
-from calibrate.calibration import EngineRuns, add_rounds, calibrate
-from calibrate.journal import Journal
-from calibrate.replay import Workload, workloads
-from calibrate.grid import QUICK, TINY, Grid
-from calibrate.model import build_model
-from calibrate.kernels import DecodeBatch
-from calibrate.speed_probe import SETTING
-from calibrate.worker import warmup_trace
-from calibrate.profiler import ONCE, batch_cache, master_cache, run_grid, sliced, typical_time
-from sim.costmodel import LinearCostModel, cost_model, load_profile
-from sim.errors import UserError
-from sim.noise import MIN_CALLS, POINTS
+from calibrate.calibration import add_rounds, calibrate
+from calibrate.measure.engine_runs import EngineRuns
+from calibrate.measure.journal import Journal
+from calibrate.measure.engine_runs import Workload, workloads
+from calibrate.measure.grid import QUICK, TINY, Grid
+from calibrate.engine.model import build_model
+from calibrate.engine.kernels import DecodeBatch
+from calibrate.measure.speed_probe import SETTING
+from calibrate.measure.worker import warmup_trace
+from calibrate.measure.profiler import ONCE, batch_cache, master_cache, run_grid, sliced, typical_time
+from sim.cost.model import LinearCostModel
+from sim.cost.profile import cost_model, load_profile
+from sim.core.errors import UserError
+from sim.cost.noise import MIN_CALLS, POINTS
 from sim.replay import simulate
 
 
@@ -129,7 +131,7 @@ def test_grids_time_unaligned_shapes_and_long_chunks_after_no_prefix_only_when_a
     # one fitted run's first decodes grow a batch of one into arrays larger than its warm-up's: the
     # samples that price a step's own growth in fresh memory (`fresh_step`)
     fifo = next(w for w in loads["train"] if w.setting == {"policy": "fifo"})
-    cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0))
+    cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0), fresh=1e-9)  # prices fresh memory: the heap runs
     log = simulate(fifo.trace, policies.make("fifo"), cost, warmup=warmup_trace(fifo.trace))
     assert len([c for c in log.calls if c.kind == "decode" and c.fresh and not c.joined]) == 3
     # and one decodes a request at a time (meTile's loop), each request's own cache growing past
@@ -198,7 +200,7 @@ def test_profiler_batch_cache_steps_as_the_executors_merged_one():
 def test_a_whole_prompt_longer_than_every_chunk_is_timed_at_its_length(monkeypatch):
     """A grid's odd prompts may be longer than its chunks (the quick grid's 414 against 384): each
     prefill point runs exactly its own number of tokens, from offset 0, through the real kernels."""
-    import calibrate.profiler as profiler
+    import calibrate.measure.profiler as profiler
     fed = []
     real = profiler.prefill_chunk
     monkeypatch.setattr(profiler, "prefill_chunk", lambda lm, cache, ids: fed.append(len(ids)) or real(lm, cache, ids))

@@ -29,7 +29,7 @@ def test_simulate_prints_table_and_writes_json(tmp_path, capsys):
     assert main(["simulate", "--json-out", str(out), "--overwrite"]) == 0
     log = tmp_path / "run.npz"
     assert main(["simulate", "--json-out", str(out), "--overwrite", "--log-out", str(log)]) == 0
-    from sim.logfile import read_log
+    from sim.metrics.logfile import read_log
     meta, events = read_log(log)
     assert len(events.tokens) == 8 and sum(map(len, events.tokens.values())) == 256
     assert json.loads(out.read_text())["log_file"] == str(log) and meta["metrics"]["completed"] == 8
@@ -40,7 +40,7 @@ def test_smaller_budgets_cut_the_max_gap_and_cost_throughput(capsys):
     from sim.commands.common import cost_from_args
     import argparse
     import policies
-    from sim.metrics import score
+    from sim.metrics.scoring import score
     from sim.replay import simulate
     from traces.generators import tinyllm
     _, cost = cost_from_args(argparse.Namespace(profile=None, model=None, force=False))
@@ -194,7 +194,7 @@ def test_json_outputs_are_strict_with_null_for_undefined(tmp_path, capsys):
 
 
 def test_metrics_command_lists_the_registry(capsys):
-    from sim.metric_registry import METRICS
+    from sim.metrics.registry import METRICS
     assert main(["metrics"]) == 0
     out = capsys.readouterr().out
     for name, m in METRICS.items():

@@ -10,15 +10,15 @@ import pytest
 import policies
 
 from calibrate.calibration import calibrate
-from calibrate.grid import TINY
-from calibrate.worker import warmup_trace
-from sim.costmodel import cost_model, load_profile
-from sim.log import EventLog
-from sim.metrics import score
-from sim.noise import MIN_CALLS
+from calibrate.measure.grid import TINY
+from calibrate.measure.worker import warmup_trace
+from sim.cost.profile import cost_model, load_profile
+from sim.engine.log import EventLog
+from sim.metrics.scoring import score
+from sim.cost.noise import MIN_CALLS
 from sim.predict import REPLICAS
 from sim.replay import simulate
-from sim.residuals import price_call, residual_table
+from sim.metrics.residuals import price_call, residual_table
 from traces.trace import Trace
 
 
@@ -78,7 +78,7 @@ def test_confirm_end_to_end(profile, tmp_path):
             ratios = sorted(price_call(cost, c) / (c.end - c.start) for c in log.calls if c.end > c.start)
             assert r["pred_over_meas"] == pytest.approx(statistics.median(ratios))
         # every request arrives at once, so no call's time can change a decision: every replay takes
-        # each run's path, call by call (`sim.paths`)
+        # each run's path, call by call (`sim.metrics.decisions`)
         assert res["paths"] == {"replays": REPLICAS, "runs": [{"repeat": r["repeat"], "same": REPLICAS, "parted": None}
                                                               for r in runs]}
     assert stdout.count(f"replays that took each run's path (of {REPLICAS}): r0 {REPLICAS} r1 {REPLICAS}") == 2
@@ -124,7 +124,7 @@ def test_confirm_end_to_end(profile, tmp_path):
         short = score(simulate(trace, policies.make(**res["setting"]), cost_model(load_profile(profile)),
                                warmup=warmup_trace(trace)))
         assert res["at_calibration_speed"]["predicted"] == {k: short[k] for k in res["predicted"]}
-    # each run was probed before and after (calibrate.speed_probe); the prediction is made at their speed
+    # each run was probed before and after (calibrate.measure.speed_probe); the prediction is made at their speed
     for res in rep["results"]:
         runs = [r for r in rep["runs"] if r["label"] == res["label"]]
         assert all(len(r["probe"]["logs"]) == 2 for r in runs)
@@ -230,8 +230,8 @@ def test_confirm_runs_an_auto_budget_with_the_profiles_prices(profile, tmp_path)
     worker gets its cost model): every run makes the calls the prediction makes (all requests arrive
     at t=0, so decisions depend on the state and the prices alone)."""
     from sim.replay import simulate
-    from calibrate.replay import relogged
-    from calibrate.worker import warmup_trace
+    from calibrate.measure.engine_runs import relogged
+    from calibrate.measure.worker import warmup_trace
     import policies
     from traces.trace import Trace
     cost = cost_model(load_profile(profile))

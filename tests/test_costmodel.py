@@ -8,11 +8,16 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from calibrate.fit import fit_copies, fit_form, fit_profile
-from calibrate.speed_probe import ALLOC_METHOD, dear_page_seconds, page_price
-from sim.costmodel import BUILTIN, Curve, LinearCostModel, ProfileError, cost_model, is_gather, kv_copies, load_profile
-from sim.residuals import price
-from sim.speed import MachineSpeed
+from calibrate.fit.copies import fit_copies
+from calibrate.fit.pdsim import fit_form, fit_profile
+from calibrate.measure.speed_probe import ALLOC_METHOD, dear_page_seconds, page_price
+from sim.cost.copies import is_gather, kv_copies
+from sim.cost.curve import Curve
+from sim.cost.model import LinearCostModel
+from sim.cost.profile import BUILTIN, cost_model, load_profile
+from sim.cost.fields import ProfileError
+from sim.cost.price import price
+from sim.cost.speed import MachineSpeed
 
 
 def test_curve_interpolates_between_sizes_is_flat_below_and_never_falls_beyond():
@@ -258,7 +263,7 @@ def test_a_single_growth_that_counted_its_faults_is_priced_at_the_dear_page():
     assert fit["cost"]["grow_single_faults"] == pytest.approx(rows * page)  # the part a confirm reprices
     assert fit["fit"]["page_fault_s"] == page
     # a growth that meets fresh memory pays the faults on every row; one in memory the heap already
-    # held (`sim.heap`: after a warm-up that served the trace) pays the row's copy alone
+    # held (`sim.engine.heap`: after a warm-up that served the trace) pays the row's copy alone
     model = cost_model({"cost": fit["cost"]})
     assert price(model, "decode", 1, 0, [257], False, 0, 0, 512, 1) == pytest.approx(
         lone + fit["cost"]["grow_single"] * 512, rel=0.02)
@@ -392,7 +397,7 @@ def test_decode_slopes_in_a_profile(tmp_path):
 
 def test_grid_model_falls_back_to_the_whole_form_outside_its_grid():
     """Outside the measured grid the grid model uses the form, measured dense curve included."""
-    from sim.costmodel import GridCostModel
+    from sim.cost.model import GridCostModel
     pts = np.array([[b, m, TRUTH.decode([m] * b)] for b in (1, 2) for m in (16, 64)])
     grid = GridCostModel(TRUTH, np.array([[8, 0, 1.0], [16, 0, 2.0], [8, 64, 1.5]]), pts)
     assert grid.decode([32, 32]) == pytest.approx(TRUTH.decode([32, 32]))  # inside: interpolated
@@ -403,7 +408,7 @@ def test_grid_model_falls_back_to_the_whole_form_outside_its_grid():
 def test_speed_by_round_recovers_each_rounds_machine_speed():
     """Every point timed once per round; round r ran `speed[r]` times slower: the per-round median
     of timing over the point's median is that speed over the median speed."""
-    from calibrate.fit import speed_by_round
+    from calibrate.fit.common import speed_by_round
     import statistics
     speed = [1.0, 1.2, 0.9, 1.1]
     pts = [{"seconds": 0.0, "times": [base * f for f in speed]} for base in (0.1, 0.3, 2.0)]

@@ -6,10 +6,10 @@ import pytest
 
 import policies
 from cli_checks import refused
-from sim.costmodel import BUILTIN, cost_model
-from sim.kvlimit import kv_limit_of
-from sim.memory import DEVICE_SHARE, device_kv_tokens, profile_kv_bytes
-from sim.metrics import score
+from sim.cost.profile import BUILTIN, cost_model
+from sim.engine.kvlimit import kv_limit_of
+from sim.engine.memory import DEVICE_SHARE, device_kv_tokens, profile_kv_bytes
+from sim.metrics.scoring import score
 from sim.replay import simulate
 from traces.trace import Request, Trace
 

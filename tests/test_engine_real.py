@@ -2,10 +2,10 @@
 import pytest
 
 import policies
-from calibrate.executor import RealEngine
-from calibrate.model import build_model
-from sim.kvcache import Heap
-from sim.metrics import score
+from calibrate.engine.executor import RealEngine
+from calibrate.engine.model import build_model
+from sim.engine.kvcache import Heap
+from sim.metrics.scoring import score
 from traces.generators import metile_ab, tinyllm
 
 SETTINGS = [
@@ -66,7 +66,7 @@ def _buffers(engine) -> tuple:
 
 @pytest.mark.parametrize("setting", SETTINGS + [{"policy": "eager", "batch_size": 3, "order": "decode-first"}])
 def test_kv_buffer_sizes_follow_mlx_lm_call_by_call(engine, setting):
-    """sim.kvcache follows mlx-lm's buffers exactly: after every call the batch cache's rows,
+    """sim.engine.kvcache follows mlx-lm's buffers exactly: after every call the batch cache's rows,
     `_idx` and capacity and every request's own capacity are what the engine state says, over
     prompts that cross the 256-token growth step, joins, leaves and single decodes."""
     trace = tinyllm(6, 30, 300, 3, 40, seed=4, vocab=1024)
@@ -88,10 +88,10 @@ def test_simulated_calls_write_the_buffers_the_real_ones_do(engine, setting):
     """With every request at t=0 the policy's decisions do not depend on time, so the simulator
     makes the real engine's calls: the same shapes, KV rows written and fresh memory, with the
     process warmed by the same warm-up run first; and relogging the real log derives them again."""
-    from sim.costmodel import LinearCostModel
-    from sim.log import EventLog
+    from sim.cost.model import LinearCostModel
+    from sim.engine.log import EventLog
     from sim.replay import simulate, warmed
-    from sim.relog import relog
+    from sim.engine.relog import relog
     trace, warm = tinyllm(5, 20, 280, 2, 12, seed=6, vocab=1024), tinyllm(2, 30, 60, 3, 3, seed=7, vocab=1024)
     policy = policies.make(**setting)
     engine.heap = Heap()  # a process that has freed nothing yet
@@ -116,7 +116,7 @@ def test_adaptive_budgets_make_the_simulators_calls(engine):
     was built with and the state alone, so with every request arriving at t=0 the real engine makes
     exactly the simulator's calls (same iterations, chunks, prefixes, batches), though its calls
     take other times than those prices."""
-    from sim.costmodel import LinearCostModel
+    from sim.cost.model import LinearCostModel
     from sim.replay import simulate
     trace = tinyllm(5, 20, 90, 4, 8, seed=5, vocab=1024)
     cost = LinearCostModel((2e-3, 1e-4, 1e-7, 0.0), (3e-3, 2e-4, 1e-7), 1e-4, copy=1e-6)
@@ -141,13 +141,13 @@ def test_each_call_counts_its_own_page_faults(engine, monkeypatch):
     every batch sync first maps 8 MiB of fresh memory, as a join that meets fresh memory does, so
     each logged sync has at least one fault per (huge) page of it and its step is counted apart;
     the counts survive the log's file and a relog, and the per-call table says which calls faulted."""
-    from calibrate.kernels import DecodeBatch
-    from calibrate.speed_probe import allocation_seconds
-    from sim.costmodel import LinearCostModel
-    from sim.log import EventLog
-    from sim.relog import relog
-    from sim.memory import kv_bytes_per_token
-    from sim.residuals import FAULTED, residual_table
+    from calibrate.engine.kernels import DecodeBatch
+    from calibrate.measure.speed_probe import allocation_seconds
+    from sim.cost.model import LinearCostModel
+    from sim.engine.log import EventLog
+    from sim.engine.relog import relog
+    from sim.engine.memory import kv_bytes_per_token
+    from sim.metrics.residuals import FAULTED, residual_table
     import resource
     sync = DecodeBatch.sync
 
@@ -170,7 +170,7 @@ def test_each_call_counts_its_own_page_faults(engine, monkeypatch):
     assert join["faulted"] == sum(1 for i in synced if calls[i].joined and faults[i] >= FAULTED)
     assert (join["faulted_ratio_median"] is None) == (join["faulted"] == 0)
     assert "fresh_rows" not in join  # a cost model that does not know a KV row's bytes
-    # in token-rows: the faults at the host's page, beside the rows `sim.heap` gave the same calls
+    # in token-rows: the faults at the host's page, beside the rows `sim.engine.heap` gave the same calls
     assert kept.fault_bytes == resource.getpagesize()
     row = kv_bytes_per_token(engine.lm.config, engine.lm.dtype)
     rows = residual_table([kept], LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0), kv_bytes=row), by_size=False)

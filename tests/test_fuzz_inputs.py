@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.cli import main
-from sim.costmodel import BUILTIN
+from sim.cost.profile import BUILTIN
 
 PROFILE = json.loads(Path(BUILTIN).read_text())
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

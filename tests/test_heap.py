@@ -1,7 +1,7 @@
 """Fresh memory is the pages a call faults in: where the process's heap first grows over them
-(`sim.heap`). The heap model places arrays as glibc does (best fit, merged free blocks, a freed
+(`sim.engine.heap`). The heap model places arrays as glibc does (best fit, merged free blocks, a freed
 block next to the top merged into it), and glibc itself, driven through the same sequence in a
-process set up as the engine's (`calibrate.malloc`), faults what the model says."""
+process set up as the engine's (`calibrate.host.malloc`), faults what the model says."""
 import json
 import os
 import platform
@@ -12,15 +12,15 @@ import textwrap
 import pytest
 
 import policies
-import sim.heap
-from calibrate.worker import warmup_of, warmup_trace
-from sim.costmodel import LinearCostModel
-from sim.heap import Heap
-from sim.kvcache import KVBuffers
+import sim.engine.heap
+from calibrate.measure.worker import warmup_of, warmup_trace
+from sim.cost.model import LinearCostModel
+from sim.engine.heap import Heap
+from sim.engine.kvcache import KVBuffers
 from sim.replay import simulate
 from traces.generators import gamma, metile_ab, tinyllm
 
-COST = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-6, 0.0))
+COST = LinearCostModel((1e-3, 1e-5, 0.0), (1e-3, 1e-6, 0.0), fresh=1e-9)  # prices fresh memory: the heap runs
 
 
 def call(heap: Heap, *ops: int) -> int:
@@ -33,9 +33,8 @@ def call(heap: Heap, *ops: int) -> int:
 @pytest.fixture
 def one_array(monkeypatch):
     """One array per buffer, inputs freed as soon as their array is built: glibc's placement alone."""
-    monkeypatch.setattr(sim.heap, "GROUPS", 1)
-    monkeypatch.setattr(sim.heap, "WINDOW", 0)
-    return Heap()
+    monkeypatch.setattr(sim.engine.heap, "WINDOW", 0)
+    return Heap(groups=1)
 
 
 def test_only_memory_above_the_high_water_mark_is_fresh(one_array):
@@ -67,11 +66,10 @@ def test_the_window_keeps_inputs_alive_while_later_arrays_are_built(monkeypatch)
     """Two arrays per buffer, each of 200 rows replaced by one of 150: each group's new array is
     placed, and its old one freed WINDOW groups later. Freed at once, the second group's new array
     fits the first group's old one; freed one group later, it does not."""
-    monkeypatch.setattr(sim.heap, "GROUPS", 2)
     faulted = {}
     for window in (0, 1):
-        monkeypatch.setattr(sim.heap, "WINDOW", window)
-        heap = Heap()
+        monkeypatch.setattr(sim.engine.heap, "WINDOW", window)
+        heap = Heap(groups=2)
         assert call(heap, 200) == 200
         faulted[window] = call(heap, 150, -200)
     assert faulted == {0: 75, 1: 150}
@@ -132,7 +130,7 @@ def test_metile_b_grows_into_a_freed_cache_under_fifo_and_into_fresh_memory_unde
                                      {"policy": "mlx-lm", "prefill_step": 32, "prompt_concurrency": 2,
                                       "decode_concurrency": 4}])
 def test_a_process_that_served_the_trace_faults_nothing_serving_it_again(setting):
-    """A confirm's default warm-up is the trace itself (`calibrate.worker.warmup_of`): the timed run
+    """A confirm's default warm-up is the trace itself (`calibrate.measure.worker.warmup_of`): the timed run
     then finds a heap that already held everything this traffic needs, as a server's does once it
     has served it, and no call grows it. Every request arrives at once, so no call's time (a fresh
     row's price in the warm-up) can change the path; after the short warm-up the same run faults."""
@@ -158,8 +156,8 @@ CALLS = [[40], [60, -40], [40], [120, -60, -40], [40, 100, -40, -120], [200, -10
 
 GLIBC = textwrap.dedent("""
     import ctypes, json, resource, sys
-    from calibrate.malloc import keep_freed_memory
-    import sim.heap as H
+    from calibrate.host.malloc import keep_freed_memory
+    import sim.engine.heap as H
     state = keep_freed_memory()
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)

@@ -3,8 +3,8 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-import calibrate.blas as blas  # noqa: E402
-from calibrate import host  # noqa: E402
+import calibrate.host.blas as blas  # noqa: E402
+from calibrate.host import machine as host  # noqa: E402
 
 
 def test_this_cpu_is_named_by_its_cpu_and_blas():

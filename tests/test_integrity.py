@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
-from sim.costmodel import BUILTIN, load_profile
-from sim.errors import UserError
-from sim.files import ExistsError, OutputError, atomic_write_json, check_output
+from sim.cost.profile import BUILTIN, load_profile
+from sim.core.errors import UserError
+from sim.core.files import ExistsError, OutputError, atomic_write_json, check_output
 from traces.generators import tinyllm
 
 SWEEP = ["sweep", "--trace", "tinyllm", "--num-seqs", "6", "--policy", "chunked", "--no-progress", "--workers", "1"]
@@ -37,7 +37,7 @@ def pdsim(*args, **kw):
 # ---- a resumed confirm or calibration proves it resumes the same work --------------------------
 
 def _manifest(trace, settings=None, repeats=2, warmup=1, cooldown=0.0, prof=None):
-    from calibrate.confirm_runs import runs_manifest
+    from calibrate.confirm.runs import runs_manifest
     settings = settings or [{"policy": "chunked", "budget": 32, "batch_size": 2, "decode": "batched",
                              "order": "chunk-first"}]
     return runs_manifest(prof or load_profile(BUILTIN), trace, settings, repeats, warmup, cooldown)
@@ -45,7 +45,7 @@ def _manifest(trace, settings=None, repeats=2, warmup=1, cooldown=0.0, prof=None
 
 def test_a_confirm_resume_with_other_inputs_is_refused(tmp_path):
     """The issue's case: interrupted after 2 runs on an 8-request trace, resumed with 4 requests."""
-    from calibrate.confirm_runs import RunsFolder
+    from calibrate.confirm.runs import RunsFolder
     runs = tmp_path / "conf.json.runs"
     old = tinyllm(num_seqs=8)
     with RunsFolder(runs, _manifest(old)):
@@ -65,7 +65,7 @@ def test_a_confirm_resume_with_other_inputs_is_refused(tmp_path):
 
 
 def test_runs_without_a_record_of_their_work_are_not_reused(tmp_path):
-    from calibrate.confirm_runs import RunsFolder
+    from calibrate.confirm.runs import RunsFolder
     runs = tmp_path / "conf.json.runs"
     runs.mkdir()
     (runs / "r0-0.json").write_text("{}")  # runs an older pdsim left, with no manifest
@@ -75,7 +75,7 @@ def test_runs_without_a_record_of_their_work_are_not_reused(tmp_path):
 
 
 def test_a_run_file_of_another_setting_is_refused_and_a_torn_one_measured_again(tmp_path, capsys):
-    from calibrate.confirm_runs import finished_run
+    from calibrate.confirm.runs import finished_run
     s = {"policy": "chunked", "budget": 32}
     path = tmp_path / "r0.json"
     path.write_text(json.dumps({"log": {}, "setting": {"policy": "chunked", "budget": 64}, "trace_sha256": "x"}))
@@ -88,7 +88,7 @@ def test_a_run_file_of_another_setting_is_refused_and_a_torn_one_measured_again(
 
 
 def test_two_confirms_cannot_share_a_runs_folder(tmp_path):
-    from calibrate.confirm_runs import RunsFolder
+    from calibrate.confirm.runs import RunsFolder
     m = _manifest(tinyllm(num_seqs=8))
     with RunsFolder(tmp_path / "r", m):
         with pytest.raises(UserError, match="another pdsim confirm"):
@@ -101,7 +101,7 @@ def test_two_confirms_cannot_share_a_runs_folder(tmp_path):
 def test_a_torn_last_line_keeps_every_measurement(tmp_path):
     """A crash mid-write used to glue the next measurement to the fragment, and the following
     resume dropped it: 10 measured, 9 kept."""
-    from calibrate.journal import Journal
+    from calibrate.measure.journal import Journal
     path, head = tmp_path / "p.partial.jsonl", {"model": "m", "grid": [1, 2]}
     with Journal(path, head) as j:
         for i in range(9):
@@ -117,7 +117,7 @@ def test_a_torn_last_line_keeps_every_measurement(tmp_path):
 
 
 def test_a_line_glued_by_an_older_pdsim_is_recovered(tmp_path):
-    from calibrate.journal import Journal
+    from calibrate.measure.journal import Journal
     path, head = tmp_path / "p.partial.jsonl", {"model": "m"}
     path.write_text(json.dumps(head) + "\n" + '{"key": "a", "round": 0}\n' + '{"key": "b", "ro{"key": "c", "round": 0}\n')
     with Journal(path, head) as j:
@@ -127,7 +127,7 @@ def test_a_line_glued_by_an_older_pdsim_is_recovered(tmp_path):
 @pytest.mark.parametrize("content", ["", '{"model": "m", "gr'])
 def test_an_empty_partial_or_a_torn_header_starts_afresh(tmp_path, content):
     """A 0-byte partial used to be 'partial results of a different calibration'; a torn header a bare JSON error."""
-    from calibrate.journal import Journal
+    from calibrate.measure.journal import Journal
     path, head = tmp_path / "p.partial.jsonl", {"model": "m", "grid": [1]}
     path.write_text(content)
     with Journal(path, head) as j:
@@ -137,7 +137,7 @@ def test_an_empty_partial_or_a_torn_header_starts_afresh(tmp_path, content):
 
 
 def test_a_partial_of_other_work_or_not_ours_is_refused_in_one_line(tmp_path):
-    from calibrate.journal import Journal
+    from calibrate.measure.journal import Journal
     path = tmp_path / "p.partial.jsonl"
     with Journal(path, {"model": "m", "seed": 0}):
         pass
@@ -152,7 +152,7 @@ def test_a_partial_of_other_work_or_not_ours_is_refused_in_one_line(tmp_path):
 
 
 def test_two_calibrations_cannot_append_to_one_partial(tmp_path):
-    from calibrate.journal import Journal
+    from calibrate.measure.journal import Journal
     path = tmp_path / "p.partial.jsonl"
     with Journal(path, {"model": "m"}):
         with pytest.raises(UserError, match="another pdsim is measuring"):
@@ -165,7 +165,7 @@ def test_two_calibrations_cannot_append_to_one_partial(tmp_path):
 def test_two_sweeps_to_one_folder_never_mix(tmp_path):
     """Two sweeps at once: one writes, the other is refused at once (it used to replace the
     first, or leave results.csv of one beside results.json of the other)."""
-    from sim.outdir import file_sha256
+    from sim.core.outdir import file_sha256
     out = tmp_path / "sw"
     for trial in range(2):
         extra = ["--overwrite"] if trial else []
@@ -185,7 +185,7 @@ def test_two_sweeps_to_one_folder_never_mix(tmp_path):
 
 
 def test_a_locked_folder_refuses_a_second_writer(tmp_path):
-    from sim.outdir import OutputFolder
+    from sim.core.outdir import OutputFolder
     with OutputFolder(tmp_path / "o", ["results.json"]):
         with pytest.raises(OutputError, match=f"another pdsim \\(pid {os.getpid()}\\)"):
             with OutputFolder(tmp_path / "o", ["results.json"], overwrite=True):
@@ -307,7 +307,7 @@ def test_ctrl_c_while_the_commands_are_imported_is_exit_130(monkeypatch, capsys)
 
 
 def test_a_report_refuses_a_sweep_folder_whose_files_do_not_belong_together(tmp_path, capsys):
-    from sim.report.inputs import ReportError, load_sweep
+    from sim.report.sources import ReportError, load_sweep
     out = tmp_path / "sw"
     assert main(SWEEP + ["--budget", "32", "64", "-o", str(out), "--logs", "1"]) == 0
     load_sweep(out)
@@ -317,7 +317,7 @@ def test_a_report_refuses_a_sweep_folder_whose_files_do_not_belong_together(tmp_
 
 
 def test_a_refused_partial_is_left_as_it_was(tmp_path):
-    from calibrate.journal import Journal
+    from calibrate.measure.journal import Journal
     path = tmp_path / "p.partial.jsonl"
     path.write_text('{"model": "other"}\n{"key": "a", "round": 0}\n{"key": "b", "ro')
     before = path.read_bytes()

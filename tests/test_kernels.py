@@ -9,14 +9,15 @@ import pytest
 
 mx = pytest.importorskip("mlx.core")
 
-from calibrate.kernels import (  # noqa: E402
+from calibrate.engine.kernels import (  # noqa: E402
     DecodeBatch,
     causal_mask,
     decode_one,
     new_cache,
     prefill_chunk,
 )
-from calibrate.model import QWEN3_CONFIGS, ModelError, build_model  # noqa: E402
+from calibrate.engine.gate import tolerance  # noqa: E402
+from calibrate.engine.model import QWEN3_CONFIGS, ModelError, build_model  # noqa: E402
 
 CHUNK = 16
 
@@ -44,7 +45,8 @@ def test_chunked_prefill_matches_one_shot(lm, n):
     one_shot = chunked_logits(lm, tokens, chunk=n)
     chunked = chunked_logits(lm, tokens, chunk=CHUNK)
     assert chunked.shape == (n, lm.vocab_size)
-    np.testing.assert_allclose(chunked, one_shot, rtol=1e-3, atol=1e-3)
+    tol = tolerance()  # the device's float32 products (TF32 on a CUDA GPU)
+    np.testing.assert_allclose(chunked, one_shot, rtol=tol, atol=tol)
 
 
 def test_last_position_logits_and_token(lm):
@@ -52,7 +54,8 @@ def test_last_position_logits_and_token(lm):
     all_logits = chunked_logits(lm, tokens, chunk=len(tokens))
     tok, last = prefill_chunk(lm, new_cache(lm), tokens)
     assert last.shape == (lm.vocab_size,) and last.dtype == mx.float32
-    np.testing.assert_allclose(np.array(last), all_logits[-1], rtol=1e-4, atol=1e-4)
+    tol = tolerance() / 10  # the same call on the same shapes: closer than chunked against one-shot
+    np.testing.assert_allclose(np.array(last), all_logits[-1], rtol=tol, atol=tol)
     assert tok == int(np.argmax(all_logits[-1]))
 
 
@@ -210,15 +213,17 @@ def test_quantized_4bit_prefill():
 
 
 def test_gate_tolerance_follows_the_devices_float32_products(lm):
-    """The gate holds FP32's tolerance where float32 products are float32 (this CPU), and a chunked
-    prefill that computed something else fails it whatever the tolerance."""
-    from calibrate.gate import RTOL, TF32_ERROR, TF32_TOL, chunked_logits_match, matmul_rel_error, tolerance
+    """The gate holds FP32's tolerance where float32 products are float32 (a CPU), TF32's where the
+    measured product error says TF32 (a CUDA GPU), and a chunked prefill that computed something
+    else fails it whatever the tolerance."""
+    from calibrate.engine.gate import RTOL, TF32_ERROR, TF32_TOL, chunked_logits_match, matmul_rel_error, tolerance
     err = matmul_rel_error()
-    assert 0 < err < TF32_ERROR and tolerance() == RTOL
+    expected = TF32_TOL if err > TF32_ERROR else RTOL
+    assert 0 < err < 1e-2 and tolerance() == expected
     ok = chunked_logits_match(lm, prompt(21), 8, tolerance())
-    assert ok["ok"] and ok["tolerance"] == RTOL and ok["max_abs_diff"] < RTOL
+    assert ok["ok"] and ok["tolerance"] == expected and ok["max_abs_diff"] < expected
     # chunks run on a cache that already holds 5 tokens (a wrong offset) fail even TF32's tolerance
-    import calibrate.gate as gate
+    import calibrate.engine.gate as gate
     real, made = gate.new_cache, []
 
     def second_shifted(lm_):  # the one-shot prefill's cache is clean, the chunked one's is not

@@ -9,9 +9,9 @@ import pytest
 import policies
 from cli_checks import refused
 from sim.cli import main
-from sim.costmodel import BUILTIN
-from sim.memory import KVLimit, kv_bytes_per_token, parse_kv_limit, profile_kv_bytes
-from sim.settings import Setting, grid_settings, unique
+from sim.cost.profile import BUILTIN
+from sim.engine.memory import KVLimit, kv_bytes_per_token, parse_kv_limit, profile_kv_bytes
+from policies.settings import Setting, grid_settings, unique
 
 PROFILE = json.loads(BUILTIN.read_text())
 QWEN3_06B = dict(num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_size=1024)

@@ -4,14 +4,14 @@ the ones it would have generated without a preemption."""
 import pytest
 
 import policies
-from calibrate.executor import RealEngine
-from calibrate.model import build_model
-from sim.costmodel import LinearCostModel
-from sim.memory import kv_bytes_per_token
-from sim.kvcache import Heap
-from sim.metrics import score
+from calibrate.engine.executor import RealEngine
+from calibrate.engine.model import build_model
+from sim.cost.model import LinearCostModel
+from sim.engine.memory import kv_bytes_per_token
+from sim.engine.kvcache import Heap
+from sim.metrics.scoring import score
 from sim.replay import simulate, warmed
-from sim.relog import relog
+from sim.engine.relog import relog
 from traces.generators import tinyllm
 
 # long outputs on short prompts: decodes outgrow a limit that admitted every request

@@ -7,14 +7,15 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import policies
-from sim.costmodel import LinearCostModel
-from sim.metrics import score
+from sim.cost.model import LinearCostModel
+from sim.metrics.scoring import score
 from sim.replay import simulate
-from sim.relog import relog
-from sim.state import EngineState, KVLimitError
+from sim.engine.relog import relog
+from sim.engine.kvlimit import KVLimitError
+from sim.engine.state import EngineState
 from traces.trace import Request, Trace
 
-PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.build is not None]
+PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.engine == "pdsim"]
 
 
 @st.composite
@@ -127,7 +128,7 @@ def test_preemption_invariants(case, cost):
     assert again.tokens == log.tokens
 
     # a log's preemptions replay through the state machine (`relog`, as a measured run's are)
-    assert [shape(c) for c in relog(trace, log).calls] == [shape(c) for c in calls]
+    assert [shape(c) for c in relog(trace, log, cost.fresh_heap()).calls] == [shape(c) for c in calls]
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,4 +1,4 @@
-"""The engine's process keeps what it frees (`calibrate.malloc`): memory freed by one call is
+"""The engine's process keeps what it frees (`calibrate.host.malloc`): memory freed by one call is
 reused by the next without page faults, where a default glibc process faults it in again."""
 import json
 import os
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ve
 PROBE = """
 import json, resource
 import mlx.core as mx
-from calibrate.malloc import keep_freed_memory
+from calibrate.host.malloc import keep_freed_memory
 state = keep_freed_memory()
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 first = [mx.ones((600_000,)) for _ in range(60)]  # 2.4 MB each, 144 MB: MLX keeps 32 MB, glibc gets the rest
@@ -44,7 +44,7 @@ def test_freed_memory_is_reused_without_faults():
 
 
 def test_keeping_is_set_once_and_reported():
-    from calibrate.malloc import keep_freed_memory
+    from calibrate.host.malloc import keep_freed_memory
     assert keep_freed_memory() == keep_freed_memory()
 
 

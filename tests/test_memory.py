@@ -1,4 +1,4 @@
-"""Peak memory (`sim.memory`): the KV term against the real caches, the fitted model against real
+"""Peak memory (`sim.engine.memory`): the KV term against the real caches, the fitted model against real
 runs' measured peaks (qwen3-tiny), the profile section, and invariants over random traces."""
 import json
 import math
@@ -10,14 +10,15 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import policies
-from calibrate.executor import RealEngine
-from calibrate.grid import TINY
-from calibrate.model import build_model
-from sim.costmodel import BUILTIN, LinearCostModel, cost_model, load_profile
-from sim.memory import GB, MemoryModel, kv_bytes_per_token, memory_model
-from sim.metrics import score
+from calibrate.engine.executor import RealEngine
+from calibrate.measure.grid import TINY
+from calibrate.engine.model import build_model
+from sim.cost.model import LinearCostModel
+from sim.cost.profile import BUILTIN, cost_model, load_profile
+from sim.engine.memory import GB, MemoryModel, kv_bytes_per_token, memory_model
+from sim.metrics.scoring import score
 from sim.replay import simulate
-from sim.scored_log import simulate_scored
+from sim.metrics.scored_log import simulate_scored
 from traces.generators import tinyllm
 from traces.trace import Request, Trace
 
@@ -46,7 +47,7 @@ def _kv_bytes(engine) -> int:
                                      {"policy": "chunked", "budget": 32, "batch_size": 2, "decode": "single"}])
 def test_kv_term_is_the_followed_capacities_times_bytes_per_token(engine, setting):
     """After every call the real caches hold exactly kv_bytes_per_token x the token-rows
-    `sim.kvcache` says are resident (capacities, not tokens), over growth, joins and leaves."""
+    `sim.engine.kvcache` says are resident (capacities, not tokens), over growth, joins and leaves."""
     per_token = kv_bytes_per_token(dict(engine.lm.config, dtype=engine.lm.dtype))
     trace = tinyllm(6, 30, 300, 3, 40, seed=4, vocab=1024)
     seen = []
@@ -106,13 +107,13 @@ def test_predicted_peak_of_real_runs_is_close_to_measured(engine, tiny_profile):
     (8, {"policy": "mlx-lm", "prefill_step": 32, "prompt_concurrency": 2, "decode_concurrency": 4}),
     (3, {"policy": "mlx-lm", "prefill_step": 16, "prompt_concurrency": 3, "decode_concurrency": 3})])
 def test_batch_generator_runs_measure_their_peak_and_the_model_prices_it(engine, tiny_profile, seed, setting):
-    """mlx-lm's BatchGenerator run (`calibrate.batchgen`) keeps its measured peak as pdsim's runs do,
+    """mlx-lm's BatchGenerator run (`calibrate.engine.batchgen`) keeps its measured peak as pdsim's runs do,
     and the memory model predicts the mlx-lm policy's peak from the simulated calls: a lazy
     rebuild holds the old buffers and the largest array it builds (the sum of its arrays priced
     these runs' peaks 1.3x and more, and failed here). 15%: the same run's measured peak moves
     8% within one process (seed 8: 2.30 MB first, 2.49 after), and the fitted activations with
     the calibration (seed 3 came out 1.00x and 1.11x in two)."""
-    from calibrate.batchgen import run_batch_generator
+    from calibrate.engine.batchgen import run_batch_generator
     trace = tinyllm(6, 30, 200, 3, 12, seed=seed, vocab=1024)
     run, check, _ = run_batch_generator(engine.lm, trace, setting)
     assert not check.policy_mismatches
@@ -131,7 +132,7 @@ def test_a_runs_peak_is_its_own_not_what_the_process_held_before(engine, setting
     executors read the same peak with it and without it (run after mlx-lm's tests in one process,
     qwen3-tiny's runs read 1.35x their peak). The peaks are ~2.5 MB, so counting the array fails."""
     import mlx.core as mx
-    from calibrate.batchgen import run_batch_generator
+    from calibrate.engine.batchgen import run_batch_generator
     trace = tinyllm(5, 20, 120, 3, 8, seed=4, vocab=1024)
 
     def peak() -> float:
@@ -209,12 +210,12 @@ def test_a_calls_peak_is_monotone_in_its_chunk_batch_context_and_buffers(model, 
 
 
 # A run's peak is not monotone in chunk size or batch size, on the real engine as in the model:
-# the two tests below pin why, on buffers `sim.kvcache` follows exactly (tests/test_engine_real.py).
+# the two tests below pin why, on buffers `sim.engine.kvcache` follows exactly (tests/test_engine_real.py).
 
 def test_unaligned_chunks_can_hold_a_larger_buffer():
     """A buffer grows to `offset + 256` when the chunk that overflows it starts off a 256-token
     boundary: a 1-token budget (growth at offset 256: 512 rows) holds one row more than a 3-token
-    one (growth at offset 255: 511 rows), as mlx-lm computes it (`sim.kvcache.write`)."""
+    one (growth at offset 255: 511 rows), as mlx-lm computes it (`sim.engine.kvcache.write`)."""
     trace = Trace([Request("0", 0.0, 257, 2)])
     one, three = (_peak(trace, {"policy": "chunked", "budget": b, "batch_size": 1}) for b in (1, 3))
     assert one - three == MEM.kv_token  # the peak is the first decode's, over the request's own buffer
@@ -237,7 +238,7 @@ def test_smaller_chunks_peak_lower_by_their_activations():
        st.sampled_from(["batched", "single"]))
 def test_peak_is_the_same_call_by_call_in_stretches_and_tallied(trace, policy, budget, batch, decode):
     """Steady stretches (`sim.steady`) price the same peak as the call-by-call replay; a tallied
-    replay (`sim.scored_log`) reports it too; twice the same run, the same figure."""
+    replay (`sim.metrics.scored_log`) reports it too; twice the same run, the same figure."""
     s = {"policy": policy, "budget": budget, "batch_size": batch, "decode": decode}
     a, b = _peak(trace, s), _peak(trace, s, steady=False)
     assert a == b == _peak(trace, s) and a >= MEM.weights

@@ -28,7 +28,7 @@ def test_settings_take_mlx_lm_options_only_for_mlx_lm():
     assert settings_from_args(a) == [
         {"policy": "mlx-lm", "prefill_step": 128, "prompt_concurrency": 8, "decode_concurrency": 4},
         {"policy": "mlx-lm", "prefill_step": 2048, "prompt_concurrency": 8, "decode_concurrency": 32}]
-    from sim.settings import setting_label
+    from policies.settings import setting_label
     assert setting_label(settings_from_args(a)[0]) == "mlx-lm/s128/p8/d4"
 
 

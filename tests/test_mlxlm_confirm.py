@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from calibrate.grid import MLX_TINY
+from calibrate.measure.grid import MLX_TINY
 from calibrate.mlxlm_calibration import calibrate_mlx_lm
-from calibrate.replay import relogged
-from sim.costmodel import cost_model, load_profile
-from sim.residuals import residual_table
+from calibrate.measure.engine_runs import relogged
+from sim.cost.profile import cost_model, load_profile
+from sim.metrics.residuals import residual_table
 from traces.trace import Trace
 
 

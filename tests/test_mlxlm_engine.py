@@ -2,14 +2,14 @@
 KV model follows its caches, and both real engines give the same tokens.
 
 A change in mlx-lm's behaviour (another admission rule, another split, another padding) fails
-here: the installed `mlx_lm.generate.BatchGenerator` itself is driven (`calibrate.batchgen`)."""
+here: the installed `mlx_lm.generate.BatchGenerator` itself is driven (`calibrate.engine.batchgen`)."""
 import pytest
 
 import policies
-from calibrate.batchgen import run_batch_generator
-from calibrate.executor import RealEngine
-from calibrate.model import build_model
-from sim.costmodel import LinearCostModel
+from calibrate.engine.batchgen import run_batch_generator
+from calibrate.engine.executor import RealEngine
+from calibrate.engine.model import build_model
+from sim.cost.model import LinearCostModel
 from sim.replay import simulate
 from traces.generators import fixed, poisson, tinyllm
 from traces.trace import Request, Trace
@@ -37,7 +37,8 @@ def shape(c):
     return (c.iteration, c.kind, c.rids, c.tokens, c.prefix, c.contexts, c.chunks, c.written, c.fresh)
 
 
-FREE = LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), 1.0)  # every iteration one second, calls nothing
+# every iteration one second, calls (next to) nothing; fresh memory priced, so the heap is followed
+FREE = LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), 1.0, fresh=1e-12)
 
 
 def assigned(trace: Trace, inserted: dict[str, int]) -> Trace:
@@ -121,7 +122,7 @@ def test_pdsim_executor_runs_the_policy_on_mlx_lm_batches(lm):
         seen.append(1)
 
     run = engine.run(AT_ZERO, policy, on_call=compare)
-    sim = simulate(AT_ZERO, policy, LinearCostModel((1e-3, 1e-5, 1e-8), (1e-3, 1e-4, 1e-7)))
+    sim = simulate(AT_ZERO, policy, LinearCostModel((1e-3, 1e-5, 1e-8), (1e-3, 1e-4, 1e-7), fresh=1e-9))
     assert [shape(c) for c in sim.calls] == [shape(c) for c in run.log.calls] and seen
     real, _, _ = run_batch_generator(lm, AT_ZERO, dict(policy="mlx-lm", **setting))
     assert run.outputs == real.outputs
@@ -137,7 +138,7 @@ def test_batch_generators_calls_count_their_own_page_faults(lm):
     which map nothing of the kind, fewer."""
     from dataclasses import replace
 
-    from calibrate.speed_probe import allocation_seconds
+    from calibrate.measure.speed_probe import allocation_seconds
 
     class FaultingPrompts:
         """The model, but a prompt call (more than one token a row) maps 8 MiB first."""

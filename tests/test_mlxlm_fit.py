@@ -1,11 +1,11 @@
-"""The mlx-lm fit's shapes (`calibrate.mlxlm_fit`), on synthetic calls with a known law: knots at
+"""The mlx-lm fit's shapes (`calibrate.fit.mlxlm`), on synthetic calls with a known law: knots at
 the grid's sizes, unaligned prompt sizes priced by a remainder term, a prompt curve that never
 falls, a generation curve that may."""
 import random
 
 import pytest
 
-from calibrate.mlxlm_fit import fit_step, pick_tile, price
+from calibrate.fit.mlxlm import fit_step, pick_tile, price
 
 TILE = 16
 
@@ -58,7 +58,7 @@ def test_a_prompt_curve_never_falls_a_generation_curve_may():
 
 def test_a_rows_faults_are_priced_where_the_row_is_fresh_not_on_every_row_written():
     """Grid merges (profiles before stop 42) fault in every page they build; the engine's calls
-    fault only where `sim.heap` says a row is fresh. A written row costs its copy, a fresh one
+    fault only where `sim.engine.heap` says a row is fresh. A written row costs its copy, a fresh one
     its faults at the fitted page price: a first forward that faults nothing is priced at its
     copy alone, not at the faults of an average first forward (stops 37-43: 1.11-1.23x)."""
     copy, page, per_fresh = 30e-6, 10e-6, 50

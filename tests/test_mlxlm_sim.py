@@ -7,10 +7,10 @@ from hypothesis import given, settings, strategies as st
 
 import policies
 from policies.mlxlm import MlxLm, check_version, server_command
-from sim.costmodel import LinearCostModel
-from sim.metrics import score
+from sim.cost.model import LinearCostModel
+from sim.metrics.scoring import score
 from sim.replay import simulate
-from sim.relog import relog
+from sim.engine.relog import relog
 from traces.trace import Request, Trace
 
 
@@ -79,7 +79,7 @@ def test_invariants(trace, opts, cost):
     assert all(0 <= c.fresh <= c.written for c in log.calls)
     # deterministic, and the measured-log path (relog) derives the same log from the calls alone
     assert simulate(trace, policies.make("mlx-lm", **opts), cost).to_dict() == log.to_dict()
-    again = relog(trace, log)
+    again = relog(trace, log, cost.fresh_heap())  # the heap only where the profile prices fresh memory
     assert again.calls == log.calls and again.tokens == log.tokens
     m = score(log)
     assert m["completed"] == len(trace.requests)

@@ -1,15 +1,16 @@
-"""Call noise (`sim.noise`): measured from a calibration's rounds, drawn in replays, predicted over them."""
+"""Call noise (`sim.cost.noise`): measured from a calibration's rounds, drawn in replays, predicted over them."""
 import json
 import math
 
 import pytest
 
 import policies
-from sim.costmodel import BUILTIN, ProfileError, cost_model, load_profile
-from sim.metrics import score
-from sim.noise import MIN_CALLS, POINTS, CallNoise, measure
+from sim.cost.profile import BUILTIN, cost_model, load_profile
+from sim.cost.fields import ProfileError
+from sim.metrics.scoring import score
+from sim.cost.noise import MIN_CALLS, POINTS, CallNoise, measure
 from sim.predict import predict
-from sim.profile_schema import check_profile
+from sim.cost.schema import check_profile
 from sim.replay import simulate
 from traces.trace import Request, Trace
 

@@ -52,7 +52,7 @@ def test_notebook_executes(path):
 
 def test_calibration_notebook_shows_samples_of_a_given_profile(tmp_path):
     """Point the parameter cell at a profile with samples, as a user would."""
-    from sim.costmodel import BUILTIN, cost_model, load_profile
+    from sim.cost.profile import BUILTIN, cost_model, load_profile
     prof = load_profile(BUILTIN)
     cost = cost_model(prof)
     samples = [{"step": "prefill", "chunk": c, "prefix": 0, "batch": 1, "context_sum": 0,

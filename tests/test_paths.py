@@ -1,9 +1,9 @@
-"""`sim.paths`: where a replay leaves a measured run's path, and what it missed before."""
+"""`sim.metrics.decisions`: where a replay leaves a measured run's path, and what it missed before."""
 import pytest
 
 import policies
-from sim.costmodel import LinearCostModel
-from sim.paths import first_difference, parting, path, paths_of, summary
+from sim.cost.model import LinearCostModel
+from sim.metrics.decisions import first_difference, parting, path, paths_of, summary
 from sim.replay import simulate
 from traces.trace import Request, Trace
 

@@ -8,10 +8,10 @@ from hypothesis import given, settings, strategies as st
 
 import policies
 from sim.cli import main
-from sim.costmodel import LinearCostModel
-from sim.metrics import class_metrics, log_class_metrics
+from sim.cost.model import LinearCostModel
+from sim.metrics.scoring import class_metrics, log_class_metrics
 from sim.replay import simulate
-from sim.settings import Setting, grid_settings, setting_label
+from policies.settings import Setting, grid_settings, setting_label
 from traces.classes import parse_class_slo, with_class_targets
 from traces.generators import bursty_classes
 from traces.load import load_file
@@ -19,7 +19,7 @@ from traces.trace import Request, Trace, TraceError
 
 from test_sim_properties import costs
 
-PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.build is not None]
+PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.engine == "pdsim"]
 
 
 @st.composite
@@ -283,10 +283,10 @@ def test_malformed_class_fields_are_refused(row, needle, tmp_path, capsys):
 
 
 def test_confirm_compares_each_class_predicted_against_measured():
-    """`calibrate.confirm.compare_classes` on replays: the median over noisy replays per class, and
+    """`calibrate.confirm.score.compare_classes` on replays: the median over noisy replays per class, and
     measured figures as the median, min and max over runs (here: replays priced 10% slower)."""
-    from calibrate.confirm import compare_classes
-    from sim.noise import CallNoise
+    from calibrate.confirm.score import compare_classes
+    from sim.cost.noise import CallNoise
     from sim.predict import predict_classes
     trace, = with_class_targets({"t": bursty_classes(12, rate=4.0, seed=2)}, {"tight": 300.0}).values()
     cost = LinearCostModel((5e-3, 2e-4, 1e-8), (2e-2, 1e-3, 1e-7), 1e-4)

@@ -3,10 +3,10 @@ makes the same calls as in the simulator, in the order the queue names."""
 import pytest
 
 import policies
-from calibrate.executor import RealEngine
-from calibrate.model import build_model
-from sim.costmodel import LinearCostModel
-from sim.metrics import log_class_metrics
+from calibrate.engine.executor import RealEngine
+from calibrate.engine.model import build_model
+from sim.cost.model import LinearCostModel
+from sim.metrics.scoring import log_class_metrics
 from sim.replay import simulate
 from traces.generators import tinyllm
 from traces.trace import Request, Trace

@@ -13,16 +13,16 @@ import pytest
 
 import policies
 from sim.cli import main
-from sim.costmodel import BUILTIN, cost_model, load_profile
-from sim.log import EventLog
-from sim.metrics import score
+from sim.cost.profile import BUILTIN, cost_model, load_profile
+from sim.engine.log import EventLog
+from sim.metrics.scoring import score
 from sim.replay import simulate
 from sim.report import (LogSeries, calibration_frame, call_frame, confirm_frame, path_frame, ecdf_chart, ecdf_frame,
                         gap_percentile_chart, gap_percentile_frame, load_sweep, timeline_frame)
-from sim.report.inputs import confirm_logs
-from sim.residuals import residual_table
-from sim.settings import setting_label
-from sim.sweep import grid, run_sweep
+from sim.report.sources import confirm_logs
+from sim.metrics.residuals import residual_table
+from policies.settings import setting_label
+from sim.sweep.run import grid, run_sweep
 from traces.generators import poisson, tinyllm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

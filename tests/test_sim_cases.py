@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import policies
-from sim.costmodel import LinearCostModel
-from sim.metric_registry import NAMES
-from sim.metrics import Slo, decode_gaps, nearest_rank, score
+from sim.cost.model import LinearCostModel
+from sim.metrics.registry import NAMES
+from sim.metrics.scoring import Slo, decode_gaps, nearest_rank, score
 from sim.replay import simulate
 from traces.generators import fixed
 
@@ -105,7 +105,7 @@ def test_nearest_rank_percentile():
 
 
 def test_stalls_and_goodput():
-    from sim.metrics import Slo
+    from sim.metrics.scoring import Slo
     log = run(policy="eager", batch_size=2)
     m = score(log, Slo(ttft=6000), stall_ms=2000)
     # per-request gaps: 0: 1, 6; 1: 1, 1 -> one stall of 6 s, 4 s above the threshold

@@ -6,12 +6,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import policies
-from sim.costmodel import Curve, GridCostModel, LinearCostModel
-from sim.log import EventLog
-from sim.metrics import inter_token_gaps
-from sim.noise import CallNoise
+from sim.cost.curve import Curve
+from sim.cost.model import GridCostModel, LinearCostModel
+from sim.engine.log import EventLog
+from sim.metrics.scoring import inter_token_gaps
+from sim.cost.noise import CallNoise
 from sim.replay import simulate
-from sim.state import EngineState
+from sim.engine.state import EngineState
 from traces.trace import Request, Trace
 
 
@@ -30,7 +31,7 @@ def traces(draw):
 
 # pdsim's own loops; mlx-lm's BatchGenerator makes other calls (several prompts per call), and its
 # invariants are tests/test_mlxlm_sim.py's
-PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.build is not None]
+PDSIM_POLICIES = [name for name, info in policies.POLICIES.items() if info.engine == "pdsim"]
 settings_ = st.fixed_dictionaries({
     "policy": st.sampled_from(PDSIM_POLICIES),
     "budget": st.integers(1, 256),
@@ -50,7 +51,7 @@ costs = st.builds(
     st.one_of(st.none(), st.floats(0, 2e-6)))  # a lone request's slope
 
 
-# call noise (`sim.noise`): None, or quantiles of a factor and a seed
+# call noise (`sim.cost.noise`): None, or quantiles of a factor and a seed
 noises = st.one_of(st.none(), st.tuples(st.lists(st.floats(0.5, 2.0), min_size=2, max_size=6).map(sorted),
                                         st.integers(0, 2**31)))
 
@@ -85,8 +86,10 @@ def test_invariants(trace, setting, cost, noise):
             assert c.start >= reqs[rid].arrival
             assert c.prefix == covered[rid]
             covered[rid] += c.tokens
-            if setting["policy"] != "eager":
+            if setting["policy"] == "chunked":
                 assert c.tokens <= setting["budget"]
+            else:  # fifo and eager prefill whole prompts
+                assert c.prefix == 0 and c.tokens == reqs[rid].prompt_len
             if covered[rid] == reqs[rid].prompt_len:
                 done_prefill[rid] = c.end
     for r in trace.requests:
@@ -204,7 +207,7 @@ def test_kv_buffers_written_fresh_and_priced(reqs, setting):
 @given(traces(), settings_, costs)
 def test_resumption_summary_is_the_pairwise_definition(trace, setting, cost):
     """The resumption gaps `score` reports for every trace size equal the quadratic definition."""
-    from sim.metrics import resumption_gaps, resumption_summary
+    from sim.metrics.scoring import resumption_gaps, resumption_summary
     log = simulate(trace, policies.make(**setting), cost)
     gaps = [g for _, _, g in resumption_gaps(log)]
     top, mean = resumption_summary(log)
@@ -217,9 +220,8 @@ def test_resumption_summary_is_the_pairwise_definition(trace, setting, cost):
 @settings(max_examples=100, deadline=None)
 @given(traces(), settings_, costs)
 def test_a_completed_setting_runs_what_the_raw_one_runs(trace, raw, cost):
-    """`sim.settings` gives options a policy does not read one fixed value (fifo: batch size and
+    """`policies.settings` gives options a policy does not read one fixed value (fifo: batch size and
     order): the completed setting runs exactly the same work, so merging such settings loses nothing."""
-    from sim.settings import setting
-    raw = dict(raw, budget=None) if raw["policy"] == "fifo" else raw  # fifo prefills whole prompts
+    from policies.settings import setting
     full = setting(raw)
     assert simulate(trace, policies.make(**full), cost).to_dict() == simulate(trace, policies.make(**raw), cost).to_dict()

@@ -3,16 +3,19 @@ seen by them, and the prediction follows it (the one at the calibration's speed 
 import pytest
 
 import policies
-from calibrate.confirm import compare, probed_speed
-from calibrate.speed_probe import SETTING, probe_speed, probe_trace, reference_probes, timed_speed
-from calibrate.worker import warmup_trace
-from sim.costmodel import BUILTIN, LinearCostModel, cost_model, load_profile
-from sim.metrics import score
+from calibrate.confirm.score import compare, probed_speed
+from calibrate.measure.speed_probe import SETTING, probe_speed, probe_trace, reference_probes, timed_speed
+from calibrate.measure.worker import warmup_trace
+from sim.cost.model import LinearCostModel
+from sim.cost.profile import BUILTIN, cost_model, load_profile
+from sim.metrics.scoring import score
 from sim.predict import replays
 from sim.replay import simulate
-from sim.settings import setting_label
-from sim.speed import PROBE_WEIGHT, RUN_DECODE, MachineSpeed
-from sim.log import EventLog
+from policies.settings import setting_label
+from sim.cost.speed import XEON_VM, MachineSpeed
+
+PROBE_WEIGHT, RUN_DECODE = XEON_VM.probe_weight, XEON_VM.run_decode  # a profile without speed_rules predates them
+from sim.engine.log import EventLog
 from traces.generators import tinyllm
 
 SLOW = 1.25  # every call of the "measured" runs takes 1.25x its price: a machine at 0.8x its calibration's speed
@@ -54,7 +57,7 @@ def test_probes_read_the_machines_speed_and_the_prediction_follows_it():
     assert res["rel_error"]["p99_itl_ms"] == pytest.approx(SLOW ** (PROBE_WEIGHT - 1) / RUN_DECODE - 1, abs=0.005)
     # the prediction is replays at that speed, and the one beside it at the calibration's
     at_speed, _ = replays(trace, lambda: policies.make(**setting), cost, None, 0, warmup_trace(trace),
-                          MachineSpeed(1 / SLOW, 1 / SLOW).partway(run_decode=RUN_DECODE))
+                          MachineSpeed(1 / SLOW, 1 / SLOW).partway(XEON_VM))
     assert res["predicted"]["makespan_s"] == pytest.approx(score(at_speed[0])["makespan_s"], rel=1e-12)
     plain = score(simulate(trace, policies.make(**setting), cost, warmup=warmup_trace(trace)))
     assert res["at_calibration_speed"]["predicted"]["makespan_s"] == plain["makespan_s"]
@@ -194,7 +197,7 @@ def test_a_calibrations_engine_run_on_a_slowed_machine_is_brought_back_to_its_sp
     (its probe and its calls alike) has its calls' times brought back by its probe against the
     others', so it fits and scores as the runs at the calibration's speed do; the time as timed
     is kept beside (`measured`)."""
-    from calibrate.calibration import engine_samples, run_speeds
+    from calibrate.measure.engine_runs import engine_samples, run_speeds
     cost = cost_model(load_profile(BUILTIN))
     trace = tinyllm(num_seqs=3, min_in=20, max_in=90, min_out=4, max_out=6, seed=8)
     setting = {"policy": "eager", "batch_size": 2}
@@ -254,7 +257,7 @@ def test_the_fresh_memory_probe_maps_new_pages_and_gives_them_back():
     and unmaps them: probing twenty times leaves the process no larger than one probe would."""
     import resource
     from pathlib import Path
-    from calibrate.speed_probe import ALLOC_BYTES, allocation_seconds
+    from calibrate.measure.speed_probe import ALLOC_BYTES, allocation_seconds
     if not Path("/proc/self/statm").exists():
         pytest.skip("reads the resident size from Linux's /proc")
     rss = lambda: int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()  # noqa: E731
@@ -272,8 +275,8 @@ def test_a_probes_pages_stay_mapped_until_the_run_it_brackets_is_over():
     pay a fraction of a cold fault (stop 42). Two probes hold two mappings; `result` gives both back."""
     import resource
     from pathlib import Path
-    from calibrate.model import build_model
-    from calibrate.speed_probe import ALLOC_BYTES, Probe
+    from calibrate.engine.model import build_model
+    from calibrate.measure.speed_probe import ALLOC_BYTES, Probe
     if not Path("/proc/self/statm").exists():
         pytest.skip("reads the resident size from Linux's /proc")
     rss = lambda: int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()  # noqa: E731

@@ -1,11 +1,12 @@
 """How the code is put together: the library never imports the command line, every command lives
 in one place and calls library functions, and metric names come from one registry."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-from sim import metric_registry as registry
+from sim.metrics import registry
 
 ROOT = Path(__file__).parent.parent
 CLI = {ROOT / "sim" / "cli.py", *(ROOT / "sim" / "commands").glob("*.py")}
@@ -57,7 +58,7 @@ def test_registry_views_name_registry_metrics():
 def test_metric_names_are_not_written_out_in_the_modules_that_use_them():
     """sweep, pick, report and confirm take their metric lists from the registry (a name may appear
     in a docstring or help text, not as a list of literals)."""
-    for rel in ("sim/sweep.py", "sim/pick.py", "sim/report/frames.py", "sim/report/page.py", "calibrate/confirm.py",
+    for rel in ("sim/sweep/run.py", "sim/sweep/pick.py", "sim/report/frames.py", "sim/report/page.py", "calibrate/confirm/protocol.py",
                 "sim/commands/simulate.py", "sim/commands/sweep.py"):
         tree = ast.parse((ROOT / rel).read_text())
         lists = [n for n in ast.walk(tree) if isinstance(n, (ast.List, ast.Tuple))
@@ -66,6 +67,14 @@ def test_metric_names_are_not_written_out_in_the_modules_that_use_them():
 
 
 def test_readme_defines_every_metric():
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "metrics.md").read_text()
     missing = [n for n in registry.NAMES if f"`{n}`" not in text]
-    assert missing == [], f"README's metric table misses {missing}"
+    assert missing == [], f"docs/metrics.md misses {missing}"
+
+
+def test_pyproject_installs_the_mlx_lm_the_policy_models():
+    """The mlx-lm policy models one BatchGenerator; a fresh install gets exactly that version."""
+    from policies.mlxlm import MODELLED
+    text = (ROOT / "pyproject.toml").read_text()
+    pins = set(re.findall(r'"mlx-lm([^";]*)"', text))
+    assert pins == {f"=={v}" for v in MODELLED}, pins

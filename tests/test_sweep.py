@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.cli import main
-from sim.costmodel import BUILTIN, load_profile
-from sim.pick import (Constraint, Objective, PickError, check_names, feasible, pareto_front, parse_constraint,
+from sim.cost.profile import BUILTIN, load_profile
+from sim.sweep.pick import (Constraint, Objective, PickError, check_names, feasible, pareto_front, parse_constraint,
                       parse_objective, pick, rank, split_slo)
-from sim.metric_registry import NAMES
-from sim.sweep import Inputs, SweepError, grid, run_sweep, scale_rate
+from sim.metrics.registry import NAMES
+from sim.sweep.run import Inputs, SweepError, grid, run_sweep, scale_rate
 from traces.generators import poisson, tinyllm
 
 SETTINGS = [{"policy": p, "budget": b, "batch_size": 4, "decode": "batched", "order": "chunk-first"}
@@ -116,7 +116,7 @@ def test_unknown_metric_is_refused_before_running():
     check_names([parse_constraint("goodput_req_s>=1")], Objective(), None, True)
     with pytest.raises(PickError, match="lower is better"):
         check_names([], Objective(), "output_throughput", False)
-    from sim.sweep_results import SweepPlan
+    from sim.sweep.results import SweepPlan
     assert SweepPlan({}, [], {}, latency="duration").latency == "makespan_s"  # an alias names its metric
 
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import policies
-from sim.costmodel import LinearCostModel
-from sim.metrics import decode_gaps
+from sim.cost.model import LinearCostModel
+from sim.metrics.scoring import decode_gaps
 from sim.replay import simulate
 from traces.generators import fixed
 

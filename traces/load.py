@@ -5,8 +5,7 @@ import inspect
 import os
 from pathlib import Path
 
-from sim.inputs import check_file
-
+from sim.core.inputs import check_file
 from traces.formats import FORMATS, PDSIM, detect, format_name, read
 from traces.generators import GENERATORS
 from traces.shape import Shaping, apply

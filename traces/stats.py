@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from sim.files import jsonable
+from sim.core.files import jsonable
 from traces.trace import Trace
 
 PERCENTILES = (0.5, 0.9, 0.99)

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 from sim.commands.common import seed_int, whole
-from sim.errors import InputError
-from sim.files import check_output
-from sim.noise import NOISY, CallNoise
+from sim.core.errors import InputError
+from sim.core.files import check_output
+from sim.cost.noise import NOISY, CallNoise
 from sim.predict import REPLICAS
 from traces.schema import MAX_TOKENS
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from calibrate.calibration import add_rounds, calibrate, from_runs, refit
-    from calibrate.grid import GRIDS
+    from calibrate.measure.grid import GRIDS
     sources = [args.refit, args.add_rounds, *(args.from_runs or [])]
     if args.out:  # before any work: an existing profile, an input, a folder that cannot be written
         check_output(args.out, args.overwrite, sources, what="profile")
@@ -112,10 +112,10 @@ def run_mlx_lm(args: argparse.Namespace, grid_name: str, overrides: dict) -> int
     """`--engine mlx-lm`: mlx-lm BatchGenerator's calls (`calibrate.mlxlm_calibration`)."""
     from dataclasses import replace
 
-    from calibrate.grid import MLX_GRIDS
-    from calibrate.host import host_info
+    from calibrate.host.machine import host_info
+    from calibrate.measure.grid import MLX_GRIDS
     from calibrate.mlxlm_calibration import calibrate_mlx_lm
-    from calibrate.profile_paths import default_profile_path
+    from calibrate.profiles import default_profile_path
     unused = [k for k in overrides if k != "repeats"]
     if unused or args.add_rounds or args.from_runs:
         bad = f"--{unused[0]}" if unused else "--add-rounds" if args.add_rounds else "--from-runs"
@@ -183,7 +183,7 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
           + f"); batch join {per(c['join'])}; leave {per(c['leave'])}")
     probes = [r["probe"] for r in prof.get("engine_runs") or ()
               if (r.get("probe") or {}).get("alloc_s") and r["probe"].get("alloc_method")]
-    if probes:  # since stop 34 (`calibrate.speed_probe.allocation_seconds`)
+    if probes:  # probes that timed fresh memory (`calibrate.measure.speed_probe.allocation_seconds`)
         ms, size = statistics.median(t for p in probes for t in p["alloc_s"]) * 1e3, probes[0]["alloc_bytes"]
         print(f"  fresh memory: {size >> 20} MiB mapped and touched in {ms:.0f} ms ({ms * 1e3 * 4096 / size:.1f} us "
               f"a 4 KiB page; median of {sum(len(p['alloc_s']) for p in probes)} probes; confirm reports its speed "
@@ -203,7 +203,7 @@ def remainder_text(rem: list[float]) -> str:
 
 
 def report_memory(m: dict | None) -> None:
-    """The peak-memory model (`sim.memory`): its sizes, and its errors on points and runs it has not seen."""
+    """The peak-memory model (`sim.engine.memory`): its sizes, and its errors on points and runs it has not seen."""
     if not m:
         return
     if m.get("prefill") is None:

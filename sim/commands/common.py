@@ -6,25 +6,25 @@ import math
 from pathlib import Path
 
 import policies
-from policies.budget import is_adaptive
-from sim.memory import NO_MEMORY_NOTE
-from sim.costmodel import BUILTIN, check_profile_matches, cost_model, load_profile
-from sim.errors import InputError
-from sim.kvlimit import check_kv_limits  # noqa: F401 (the commands' check, with the others here)
-from sim.memory import parse_kv_limit
-from sim.metrics import Slo, parse_slo
-from sim.settings import MLX_LM_DEFAULTS, grid_settings, unique
-from traces.generators import BURSTINESS_HELP, GENERATORS, MAX_REQUESTS, MAX_WITH_IDS
+from policies.budget import IDLE_BUDGETS, is_adaptive
+from policies.options import DEFAULTS
+from policies.settings import MLX_LM_DEFAULTS, grid_settings, unique
+from sim.core.errors import InputError
+from sim.cost.profile import BUILTIN, check_profile_matches, cost_model, load_profile
+from sim.engine.kvlimit import check_kv_limits  # noqa: F401 (the commands' check, with the others here)
+from sim.engine.memory import NO_MEMORY_NOTE, parse_kv_limit
+from sim.metrics.scoring import Slo, parse_slo
 from traces.classes import parse_class_slo, with_class_targets
+from traces.generators import BURSTINESS_HELP, GENERATORS, MAX_REQUESTS, MAX_WITH_IDS
 from traces.load import accepted_options, resolve
 from traces.schema import MAX_TOKENS
 from traces.trace import Trace
-
 
 # Every argument is checked by its type when argparse reads it, before the first second of work:
 # a number is finite, and a count has an upper bound past which it can only be a typo (a run of
 # 10^20 warm-ups, or 10^20 requests, would run on with no output).
 MAX_COUNT = 1 << 53  # the largest whole number a float (and JSON) holds exactly
+CLI_BUDGET = 128  # the chunk budget a command runs chunked at when none is given (the seeds' middle one)
 
 
 def whole(lo: int = 1, hi: int = MAX_COUNT, why: str = ""):
@@ -217,30 +217,32 @@ def trace_from_args(args: argparse.Namespace) -> Trace:
 
 def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     n = "+" if many else None
+
+    def default(value):
+        return [value] if many else value
     g = p.add_argument_group("policy" + (" grid (several values make several settings)" if many else ""))
-    g.add_argument("--policy", nargs=n, default=["chunked"] if many else "chunked",
+    g.add_argument("--policy", nargs=n, default=default("chunked"),
                    help=f"one of: {', '.join(policies.POLICIES)} (default chunked)")
-    g.add_argument("--budget", nargs=n, type=budget_arg, default=[128] if many else 128, metavar="N|auto:MS",
-                   help="prompt tokens per iteration, the chunk budget (default 128); auto:MS: each iteration the "
+    g.add_argument("--budget", nargs=n, type=budget_arg, default=default(CLI_BUDGET), metavar="N|auto:MS",
+                   help=f"prompt tokens per iteration, the chunk budget (default {CLI_BUDGET}); auto:MS: each iteration the "
                         "longest chunk whose predicted iteration time is <= MS ms (from the profile's cost model)")
-    g.add_argument("--idle-budget", nargs=n, choices=["budget", "whole"], default=["budget"] if many else "budget",
+    g.add_argument("--idle-budget", nargs=n, choices=list(IDLE_BUDGETS), default=default(DEFAULTS["idle_budget"]),
                    help="whole: prefill the whole prompt in one call when no request is decoding (default budget: "
                         "the budget applies always)")
-    g.add_argument("--batch-size", nargs=n, type=positive_int, default=[4] if many else 4,
-                   help="maximum requests decoding at once (default 4)")
-    g.add_argument("--decode", nargs=n, choices=["batched", "single"], default=["batched"] if many else "batched",
+    g.add_argument("--batch-size", nargs=n, type=positive_int, default=default(DEFAULTS["batch_size"]),
+                   help=f"maximum requests decoding at once (default {DEFAULTS['batch_size']})")
+    g.add_argument("--decode", nargs=n, choices=["batched", "single"], default=default(DEFAULTS["decode"]),
                    help="batched: one call for all; single: one call per request")
     g.add_argument("--order", nargs=n, choices=["chunk-first", "decode-first"],
-                   default=["chunk-first"] if many else "chunk-first")
-    g.add_argument("--kv-limit", nargs=n, type=kv_limit_arg, default=[None] if many else None,
+                   default=default(DEFAULTS["order"]))
+    g.add_argument("--kv-limit", nargs=n, type=kv_limit_arg, default=default(DEFAULTS["kv_limit"]),
                    metavar="TOKENS|GB", help=policies.OPTION_HELP["kv_limit"])
-    g.add_argument("--queue", nargs=n, choices=list(policies.QUEUES), default=["fcfs"] if many else "fcfs",
-                   help=policies.OPTION_HELP["queue"] + " (default fcfs)")
-    g.add_argument("--aging-s", nargs=n, type=positive_float, metavar="S",
-                   default=[policies.DEFAULT_AGING_S] if many else policies.DEFAULT_AGING_S,
+    g.add_argument("--queue", nargs=n, choices=list(policies.QUEUES), default=default(DEFAULTS["queue"]),
+                   help=policies.OPTION_HELP["queue"] + f" (default {DEFAULTS['queue']})")
+    g.add_argument("--aging-s", nargs=n, type=positive_float, metavar="S", default=default(DEFAULTS["aging_s"]),
                    help=policies.OPTION_HELP["aging_s"])
-    for key, default in MLX_LM_DEFAULTS.items():  # mlx_lm.server's flags, for the mlx-lm policy
-        g.add_argument("--" + key.replace("_", "-"), nargs=n, type=positive_int, default=[default] if many else default,
+    for key, value in MLX_LM_DEFAULTS.items():  # mlx_lm.server's flags, for the mlx-lm policy
+        g.add_argument("--" + key.replace("_", "-"), nargs=n, type=positive_int, default=default(value),
                        help=policies.OPTION_HELP[key])
     if many:
         g.add_argument("--setting", nargs="+", metavar="POLICY[:KEY=VALUE,...]",
@@ -253,7 +255,7 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
 
 
 def kv_limit_arg(text: str) -> int | str | None:
-    """An argparse type: a KV limit (`sim.memory.parse_kv_limit`), as a setting holds it."""
+    """An argparse type: a KV limit (`sim.engine.memory.parse_kv_limit`), as a setting holds it."""
     try:
         limit = parse_kv_limit(text)
     except InputError as e:
@@ -261,14 +263,14 @@ def kv_limit_arg(text: str) -> int | str | None:
     return None if limit is None else limit.tokens or str(limit)
 
 
-# the grid's options, in `sim.settings.grid_settings`' order
+# the grid's options, in `policies.settings.grid_settings`' order
 GRID_KEYS = ("budget", "batch_size", "decode", "order", "queue", "aging_s", *MLX_LM_DEFAULTS, "idle_budget",
-             "kv_limit")  # in `sim.settings.grid_settings`'s order
+             "kv_limit")  # in `policies.settings.grid_settings`'s order
 
 
 def settings_from_args(args: argparse.Namespace) -> list[dict]:
     """The settings the arguments name: explicit `--setting`s, or the grid of the policy options;
-    complete, and each once (`sim.settings.unique`: eager and fifo prefill whole prompts, so budgets
+    complete, and each once (`policies.settings.unique`: eager and fifo prefill whole prompts, so budgets
     do not multiply them, fifo decodes one request at a time, so batch sizes do not either, and
     mlx-lm reads only its own three options, mlx_lm.server's flags, which no other policy reads)."""
     as_list = lambda v: v if isinstance(v, list) else [v]

@@ -4,14 +4,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sim.commands.common import (add_policy_args, add_trace_args, finite_float, positive_float, settings_from_args,
-                                 trace_from_args, whole)
+from sim.commands.common import (
+    add_policy_args,
+    add_trace_args,
+    finite_float,
+    positive_float,
+    settings_from_args,
+    trace_from_args,
+    whole,
+)
 from sim.predict import REPLICAS
 
 NEEDS_MLX = True
 SPEED_SPREAD = 0.10  # runs' speeds further apart than this: the machine, not the model
 MEMORY_SLOW = 0.75  # fresh memory slower than this against the calibration: a call that faults pages in runs long
-# how a confirm's probes were read (`calibrate.confirm.probed_speed`'s `method`)
+# how a confirm's probes were read (`calibrate.confirm.score.probed_speed`'s `method`)
 PROBE_METHODS = {"positional": "each timed against the calibration's probes in the same place",
                  "priced": "priced by the profile", "timed": "timed against the calibration's probes"}
 
@@ -51,9 +58,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from calibrate.confirm import confirm, rescore
-    from sim.costmodel import load_profile
-    from sim.files import read_json_object
+    from calibrate.confirm.protocol import confirm, rescore
+    from sim.core.inputs import read_json_object
+    from sim.cost.profile import load_profile
     prof = load_profile(args.profile)
     if args.rescore:
         report = rescore(read_json_object(args.rescore, "confirm report"), prof, Path(args.out), args.stall_ms,
@@ -66,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_report(report: dict, out: str, tolerance: float | None) -> int:
-    from sim.paths import summary as paths_summary
-    from sim.table import fmt, table
+    from sim.core.table import fmt, table
+    from sim.metrics.decisions import summary as paths_summary
     print(f"gate: chunked logits match one-shot (rtol=atol=1e-3): "
           f"{all(g['ok'] for g in report['gate']['logits'])}; identical greedy tokens across settings: "
           f"{report['gate']['greedy_tokens_identical']} (timed runs: {report['gate']['timed_runs_identical_tokens']})")
@@ -102,12 +109,12 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
             runs = [p for p in res["machine_speed"]["runs"] if p.get("prefill")]
             method = runs[0].get("method", "priced") if runs else "priced"
             beside = "priced" if method == "positional" else "timed"  # the other reading, kept in the report
-            other = [p for p in runs if p.get(beside) and p.get("method") != beside]  # timed: stops 25-46
+            other = [p for p in runs if p.get(beside) and p.get("method") != beside]  # timed beside priced
             how = PROBE_METHODS.get(method, PROBE_METHODS["priced"])
             print(f"machine speed against the calibration, prefill/decode (speed probes before and after each run, "
                   f"{how}): " + " ".join(f"r{p['repeat']} {p['prefill']:.2f}/{p['decode']:.2f}" for p in runs)
                   + f"; probes' median {speed['prefill']:.2f}/{speed['decode']:.2f}"
-                  + (f", predicted at {at['prefill']:.2f}/{at['decode']:.2f} (partway: sim.speed.PROBE_WEIGHT)"
+                  + (f", predicted at {at['prefill']:.2f}/{at['decode']:.2f} (partway: the profile's speed rules)"
                      if (at := res["machine_speed"].get("predicted_at")) else "")
                   + (f"; a single decode's growth faults at {at['page']:.2f}x the calibration's dear page "
                      f"(the probes' dearest reading: speed_probe.page_price)" if at and "page" in at else "")
@@ -115,7 +122,7 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                       f"r{p['repeat']} {p[beside]['prefill']:.2f}/{p[beside]['decode']:.2f}" for p in other)
                      if other else ""))
         memory = [p for p in (res.get("machine_speed") or {}).get("runs", ()) if p.get("memory")]
-        if memory:  # since stop 33
+        if memory:  # probes that timed an allocation
             slow = res["machine_speed"]["memory"] < MEMORY_SLOW
             print("fresh memory's speed against the calibration (an allocation timed by each probe): "
                   + " ".join(f"r{p['repeat']} {p['memory']:.2f}" for p in memory)
@@ -128,7 +135,7 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                   + " ".join(f"r{rep} {v:.2f}" for rep, v in speeds.items())
                   + (f"; {spread:.0%} apart: the machine changed speed between runs, and every measured figure "
                      "moved with it" if spread > SPEED_SPREAD else ""))
-        if res.get("paths"):  # since stop 39
+        if res.get("paths"):  # reports that follow the replays' paths
             print(paths_summary(res["paths"]))
         if res.get("classes"):  # a trace with priority classes: TTFT by class
             print(table([{"class": c, "metric": k, "predicted": v["predicted"][k], "measured": m["median"],
@@ -137,15 +144,15 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                         ["class", "metric", "predicted", "measured", "range", "error"],
                         ["class", "metric", "predicted", "measured (median)", "min..max", "rel. error"]))
         if res.get("calls_by_kind"):  # reports written before the per-call table have none
-            faults = all("faulted" in c for c in res["calls_by_kind"])  # runs that counted page faults (stop 34)
-            rows = all("fresh_rows" in c for c in res["calls_by_kind"])  # and the rows of it (stop 45)
+            faults = all("faulted" in c for c in res["calls_by_kind"])  # runs that counted page faults
+            rows = all("fresh_rows" in c for c in res["calls_by_kind"])  # and the rows of it
             print(table([dict(c, range=f"{fmt(c['ratio_p10'])}..{fmt(c['ratio_p90'])}") for c in res["calls_by_kind"]],
                         ["kind", "calls", "ratio_median", "range", "abs_error_median"]
                         + (["faulted", "faulted_ratio_median"] if faults else [])
                         + (["fresh_rows", "faulted_rows", "fresh_rows_error"] if rows else []),
                         ["call kind", "calls", "pred/meas (median)", "p10..p90", "median |err|"]
                         + (["faulted >1 MiB", "their pred/meas"] if faults else [])
-                        + (["fresh rows (sim.heap)", "rows faulted", "sum |diff|"] if rows else [])))
+                        + (["fresh rows (sim.engine.heap)", "rows faulted", "sum |diff|"] if rows else [])))
     print(f"\nwrote {out}" + (f" ({report['wall_s']:.0f} s)" if "rescored_from" not in report else
                               f" (rescored {report['rescored_from']} with {report['profile']['path']})"))
     if tolerance and worst > tolerance:

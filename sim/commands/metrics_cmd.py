@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from sim import metric_registry as registry
+from sim.metrics import registry
 
 
 def add_parser(sub) -> None:

@@ -1,6 +1,6 @@
 """`pdsim simulate`: replay one trace under one setting and print its metrics.
 
-The run is scored as it goes (`sim.scored_log`), so a trace of any length replays in memory
+The run is scored as it goes (`sim.metrics.scored_log`), so a trace of any length replays in memory
 that does not grow with its engine calls; the event log is kept only when asked (`--log-out`,
 a columnar file), never inside the JSON of `--json-out`.
 """
@@ -13,16 +13,25 @@ from pathlib import Path
 from tqdm import tqdm
 
 import policies
-from sim.commands.common import (add_policy_args, add_profile_args, add_slo_args, add_trace_args, check_kv_limits,
-                                 check_traces_fit, cost_from_args, settings_from_args, slo_from_args,
-                                 trace_from_args)
-from sim.files import atomic_write_json, check_output
-from sim.metric_registry import METRICS, SUMMARY
-from sim.metrics import CLASS_SHOWN, class_metrics
-from sim.scored_log import simulate_scored
-from sim.settings import setting_label
-from sim.table import table
-from sim.tally import ESTIMATE_NOTE, RequestTable
+from policies.settings import setting_label
+from sim.commands.common import (
+    add_policy_args,
+    add_profile_args,
+    add_slo_args,
+    add_trace_args,
+    check_kv_limits,
+    check_traces_fit,
+    cost_from_args,
+    settings_from_args,
+    slo_from_args,
+    trace_from_args,
+)
+from sim.core.files import atomic_write_json, check_output
+from sim.core.table import table
+from sim.metrics.registry import METRICS, SUMMARY
+from sim.metrics.scored_log import simulate_scored
+from sim.metrics.scoring import CLASS_SHOWN, class_metrics
+from sim.metrics.tally import ESTIMATE_NOTE, RequestTable
 
 SHOWN_REQUESTS = 12  # a trace this short gets its per-request table printed
 
@@ -37,7 +46,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json-out", help="write the setting, trace, profile and metrics here (JSON)")
     p.add_argument("--log-out", metavar="FILE.npz",
                    help="keep the event log: every call and token, and per-request figures, in a columnar file "
-                        "(numpy .npz; `sim.logfile.read_log` or `pdsim report --simulate` read it)")
+                        "(numpy .npz; `sim.metrics.logfile.read_log` or `pdsim report --simulate` read it)")
     p.add_argument("--overwrite", action="store_true", help="replace existing --json-out / --log-out files")
 
 
@@ -57,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     sha = trace.sha256()
     writer = None
     if args.log_out:
-        from sim.logfile import LogWriter
+        from sim.metrics.logfile import LogWriter
         writer = LogWriter(args.log_out, RequestTable.of(trace.requests), args.overwrite)
     has_classes = any(r.cls is not None for r in trace.requests)
     if setting.get("queue") == "priority" and not any(r.ttft_slo_ms is not None for r in trace.requests):
@@ -104,14 +113,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def class_table(by_class: dict) -> str:
-    """The per-class TTFT figures (`sim.metrics.class_metrics`), one row per class."""
+    """The per-class TTFT figures (`sim.metrics.scoring.class_metrics`), one row per class."""
     undefined = lambda v: isinstance(v, float) and math.isnan(v)
     return table([{"class": c, **{k: None if undefined(v[k]) else v[k] for k in CLASS_SHOWN}}
                   for c, v in by_class.items()], ["class", *CLASS_SHOWN])
 
 
 def raise_same(path: str) -> None:
-    from sim.files import OutputError
+    from sim.core.files import OutputError
     raise OutputError(f"--json-out and --log-out both name {path}; give them different files")
 
 

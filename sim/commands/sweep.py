@@ -5,15 +5,33 @@ import argparse
 import os
 from pathlib import Path
 
-from sim import metric_registry as registry
-from sim.commands.common import (add_policy_args, add_profile_args, add_trace_args, check_kv_limits, check_traces_fit,
-                                 cost_from_args, positive_float, positive_int, settings_from_args, traces_from_args)
-from sim.outdir import OutputFolder
-from sim.pick import Pick, parse_objective
-from sim.sweep import SweepError
-from sim.sweep_results import (RESULT_NAMES, SweepPlan, SweepResult, log_points, results_doc, run_plan, save_logs,
-                               write_results)
-from sim.table import fmt, table
+from sim.commands.common import (
+    add_policy_args,
+    add_profile_args,
+    add_trace_args,
+    check_kv_limits,
+    check_traces_fit,
+    cost_from_args,
+    positive_float,
+    positive_int,
+    settings_from_args,
+    traces_from_args,
+)
+from sim.core.outdir import OutputFolder
+from sim.core.table import fmt, table
+from sim.metrics import registry
+from sim.sweep.pick import Pick, parse_objective
+from sim.sweep.results import (
+    RESULT_NAMES,
+    SweepPlan,
+    SweepResult,
+    log_points,
+    results_doc,
+    run_plan,
+    save_logs,
+    write_results,
+)
+from sim.sweep.run import SweepError
 
 GRID_OPTIONS = ("--trace", "--policy", "--budget", "--batch-size", "--decode", "--order", "--queue", "--aging-s",
                 "--prefill-step", "--prompt-concurrency", "--decode-concurrency", "--idle-budget", "--kv-limit")
@@ -109,7 +127,7 @@ def execute(plan: SweepPlan, out: OutputFolder | Path | None, grid_options: dict
             progress: bool = True, connect_timeout: float = 10.0) -> SweepResult:
     """Run the plan, print the picks, keep the best settings' logs, write the results: `pdsim sweep`
     after its arguments are read (and `pdsim tune`'s sweep). `out`: the output folder, open
-    (`sim.outdir.OutputFolder`, locked before the sweep's first second of work) or a path."""
+    (`sim.core.outdir.OutputFolder`, locked before the sweep's first second of work) or a path."""
     if isinstance(out, Path):
         with OutputFolder(out, RESULT_NAMES, overwrite, "sweep output folder") as folder:
             return execute(plan, folder, grid_options, logs, overwrite, workers, scheduler, progress, connect_timeout)

@@ -4,10 +4,17 @@ from __future__ import annotations
 import argparse
 import math
 
-from sim.commands.common import (add_shaping_args, add_trace_args, positive_float, positive_fraction, seed_int,
-                                 trace_from_args, traces_from_args)
-from sim.files import check_output, dumps
-from sim.table import table
+from sim.commands.common import (
+    add_shaping_args,
+    add_trace_args,
+    positive_float,
+    positive_fraction,
+    seed_int,
+    trace_from_args,
+    traces_from_args,
+)
+from sim.core.files import check_output, dumps
+from sim.core.table import table
 from traces.classes import classes
 from traces.formats import FORMATS, format_name
 from traces.generators import BURSTINESS_HELP, GENERATORS

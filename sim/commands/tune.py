@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from sim.commands.common import whole
-from sim.outdir import OutputFolder
+from sim.core.outdir import OutputFolder
 
 NEEDS_MLX = True
 TUNE_NAMES = ("trace.jsonl", "sweep", "confirm.json", "confirm.json.runs", "report")  # what a tune owns in -o
@@ -67,10 +67,10 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import shutil
 
-    from calibrate.host import host_info
-    from calibrate.model import QWEN3_CONFIGS
-    from sim.errors import UserError
-    from sim.sweep_results import SweepPlan
+    from calibrate.engine.model import QWEN3_CONFIGS
+    from calibrate.host.machine import host_info
+    from sim.core.errors import UserError
+    from sim.sweep.results import SweepPlan
 
     if args.model not in QWEN3_CONFIGS:
         raise UserError(f"unknown model {args.model!r}; known: {', '.join(QWEN3_CONFIGS)}")
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     host = host_info()
     preset = PRESETS[host["kind"]]
     if args.engine == "mlx-lm":
-        from calibrate.mlxlm_batches import installed_version
+        from calibrate.engine.mlxlm_batches import installed_version
         from policies.mlxlm import check_version
         for w in check_version(installed_version(), args.any_mlx_lm):
             print(f"warning: {w}")
@@ -100,15 +100,19 @@ def _run(args: argparse.Namespace, out: Path, host: dict, preset: dict) -> int:
     import time
 
     from calibrate.calibration import calibrate
-    from calibrate.confirm import confirm
-    from calibrate.grid import GRIDS
-    from calibrate.profile_paths import default_profile_path
-    from sim.commands import calibrate_cmd, confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
-    from sim.costmodel import ProfileError, check_profile_matches, cost_model, load_profile
-    from sim.pick import Objective
+    from calibrate.confirm.protocol import confirm
+    from calibrate.measure.grid import GRIDS
+    from calibrate.profiles import default_profile_path
+    from policies.settings import grid_settings, setting
+    from sim.commands import calibrate_cmd
+    from sim.commands import confirm as confirm_cmd
+    from sim.commands import report as report_cmd
+    from sim.commands import sweep as sweep_cmd
+    from sim.cost.fields import ProfileError
+    from sim.cost.profile import check_profile_matches, cost_model, load_profile
     from sim.report import make_report
-    from sim.settings import grid_settings, setting
-    from sim.sweep_results import SweepPlan
+    from sim.sweep.pick import Objective
+    from sim.sweep.results import SweepPlan
     from traces.generators import tinyllm
 
     print(f"pdsim tune: {args.model} on {host['name']} (BLAS: {host['blas']}); output in {out}/")
@@ -129,7 +133,7 @@ def _run(args: argparse.Namespace, out: Path, host: dict, preset: dict) -> int:
     if not reuse:
         t0 = time.perf_counter()
         if args.engine == "mlx-lm":
-            from calibrate.grid import MLX_GRIDS
+            from calibrate.measure.grid import MLX_GRIDS
             from calibrate.mlxlm_calibration import calibrate_mlx_lm
             made = calibrate_mlx_lm(args.model, MLX_GRIDS["quick"], profile, overwrite=True, any_mlx_lm=args.any_mlx_lm)
         else:
@@ -172,15 +176,17 @@ def _run(args: argparse.Namespace, out: Path, host: dict, preset: dict) -> int:
 def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
     """Steps 2-4 for mlx_lm.server: sweep its three flags, confirm the pick against the server's
     defaults on BatchGenerator itself, report, and print the server's command line."""
-    from calibrate.confirm import confirm
-    from calibrate.model import HF_REPOS
+    from calibrate.confirm.protocol import confirm
+    from calibrate.engine.model import HF_REPOS
     from policies.mlxlm import server_command
-    from sim.commands import confirm as confirm_cmd, report as report_cmd, sweep as sweep_cmd
-    from sim.costmodel import cost_model
-    from sim.pick import Objective
+    from policies.settings import grid_settings, setting
+    from sim.commands import confirm as confirm_cmd
+    from sim.commands import report as report_cmd
+    from sim.commands import sweep as sweep_cmd
+    from sim.cost.profile import cost_model
     from sim.report import make_report
-    from sim.settings import grid_settings, setting
-    from sim.sweep_results import SweepPlan
+    from sim.sweep.pick import Objective
+    from sim.sweep.results import SweepPlan
     from traces.generators import poisson
 
     preset = MLX_LM_PRESETS[host["kind"]]
@@ -221,10 +227,9 @@ def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
 def mlx_lm_default_slo(cost, smallest_step: int) -> str:
     """Tokens may wait at most two generation steps of a full batch (4 requests, 128 context) and
     one prompt call of the grid's smallest prefill step. While a prompt waits, every `next()` of
-    BatchGenerator runs a step and a prompt call, so two steps alone (the target until stop 44)
-    ruled out all 60 settings for qwen3-0.6b on a 2-core CPU: the smallest step's p95 gap was
-    640 ms, two steps 580."""
-    from sim.metric_registry import DEFAULT_LATENCY
+    BatchGenerator runs a step and a prompt call, so a target of two steps alone rules out all 60
+    settings for qwen3-0.6b on a 2-core CPU: the smallest step's p95 gap is 640 ms, two steps 580."""
+    from sim.metrics.registry import DEFAULT_LATENCY
     step = cost.mlx_lm_call("generate", 1, 0, [128] * 4, 0, 0)
     prompt = cost.mlx_lm_call("prompt", smallest_step, 0, [0], 0, 0)
     return f"{DEFAULT_LATENCY}<={(2 * step + prompt) * 1e3:.0f}"
@@ -232,6 +237,6 @@ def mlx_lm_default_slo(cost, smallest_step: int) -> str:
 
 def default_slo(cost) -> str:
     """Tokens may wait at most twice a plain decode step of a full batch (4 requests, 128 context)."""
-    from sim.metric_registry import DEFAULT_LATENCY
+    from sim.metrics.registry import DEFAULT_LATENCY
     step_ms = cost.decode([128] * 4) * 1e3
     return f"{DEFAULT_LATENCY}<={2 * step_ms:.0f}"

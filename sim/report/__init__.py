@@ -1,6 +1,6 @@
 """Reports: altair charts of sweeps, confirmations, calibrations and single runs, as one HTML page.
 
-`inputs` reads what a report is made from, `frames` turns it into small data frames, `charts`
+`sources` reads what a report is made from, `frames` turns it into small data frames, `charts`
 draws each one, and `page` puts them on a self-contained page (no network needed to view it)
 with a PNG per chart. Charts whose input was not given are skipped with a note.
 """
@@ -24,7 +24,8 @@ from sim.report.frames import (
                                timeline_frame,
                                tradeoff_frame,
 )
-from sim.report.inputs import (
+from sim.report.page import Section, build_sections, make_report, write_report
+from sim.report.sources import (
                                LogSeries,
                                ReportError,
                                Sweep,
@@ -32,7 +33,6 @@ from sim.report.inputs import (
                                load_simulate,
                                load_sweep,
 )
-from sim.report.page import Section, build_sections, make_report, write_report
 
 __all__ = ["LogSeries", "ReportError", "Section", "Sweep", "build_sections", "calibration_chart", "calibration_frame",
            "call_frame", "confirm_chart", "confirm_error_chart", "confirm_frame", "ecdf_chart", "ecdf_frame",

@@ -8,12 +8,12 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from sim import metric_registry as registry
-from sim.log import EventLog
-from sim.metrics import decode_gaps
-from sim.report.inputs import LogSeries, ReportError
 from policies.budget import auto_target
-from sim.settings import KEYS, variant_label
+from policies.settings import KEYS, variant_label
+from sim.engine.log import EventLog
+from sim.metrics import registry
+from sim.metrics.scoring import decode_gaps
+from sim.report.sources import LogSeries, ReportError
 
 
 def budget_label(b) -> str:
@@ -40,7 +40,7 @@ def group_name(row) -> str:
 
 
 def pick_marks(picks) -> tuple[set, set]:
-    """(picked, front) as (group name, label) pairs, from `sim.pick.Pick`s or their JSON form."""
+    """(picked, front) as (group name, label) pairs, from `sim.sweep.pick.Pick`s or their JSON form."""
     picked, front = set(), set()
     for pk in picks:
         if isinstance(pk, dict):
@@ -182,7 +182,7 @@ def confirm_frame(doc: dict, metrics: list[str] | None = None) -> pd.DataFrame:
             # reports since speed probes: the error of the prediction at the calibration's speed, and the probed speed
             drift = (r.get("at_calibration_speed") or {}).get("rel_error", {}).get(m)
             ms = r.get("machine_speed") or {}
-            speed = ms.get("predicted_at") or ms.get("median")  # since stop 31 the one predicted at
+            speed = ms.get("predicted_at") or ms.get("median")  # the speed predicted at; older reports: the median
             rows.append({"label": r["label"], "metric": m, "predicted": float(pred), "measured": float(meas["median"]),
                          "min": float(meas.get("min", meas["median"])), "max": float(meas.get("max", meas["median"])),
                          "rel_error": None if rel is None else float(rel),
@@ -206,16 +206,16 @@ def call_frame(doc: dict) -> pd.DataFrame:
              "fresh_rows": c.get("fresh_rows"), "faulted_rows": c.get("faulted_rows")}
             for r in doc["results"] for c in r.get("calls") or []]
     columns = ["setting", "kind", "size", "calls", "median", "p10", "p90"]
-    if any(row["faulted"] is not None for row in rows):  # runs that counted page faults (stop 34)
+    if any(row["faulted"] is not None for row in rows):  # runs that counted page faults
         columns += ["faulted", "faulted_median"]
-    if any(row["fresh_rows"] is not None for row in rows):  # and the rows of fresh memory (stop 45)
+    if any(row["fresh_rows"] is not None for row in rows):  # and the rows of fresh memory
         columns += ["fresh_rows", "faulted_rows"]
     return pd.DataFrame(rows, columns=columns)
 
 
 def path_frame(doc: dict) -> pd.DataFrame:
     """For each measured run of every confirmed setting: the replays that took its path, and where
-    the replay at typical times parted from it (`sim.paths`); empty for a report written before
+    the replay at typical times parted from it (`sim.metrics.decisions`); empty for a report written before
     confirm compared paths."""
     rows = []
     for r in doc["results"]:

@@ -11,9 +11,10 @@ from pathlib import Path
 import altair as alt
 import numpy as np
 
-from sim import metric_registry as registry
-from sim.files import atomic_write_bytes, atomic_write_json, atomic_write_text, dumps
-from sim.outdir import OutputFolder
+from policies.settings import setting_label
+from sim.core.files import atomic_write_bytes, atomic_write_json, atomic_write_text, dumps
+from sim.core.outdir import OutputFolder
+from sim.metrics import registry
 from sim.report.charts import (
     calibration_chart,
     confirm_chart,
@@ -35,7 +36,7 @@ from sim.report.frames import (
     timeline_frame,
     tradeoff_frame,
 )
-from sim.report.inputs import (
+from sim.report.sources import (
     LogSeries,
     ReportError,
     Sweep,
@@ -43,10 +44,8 @@ from sim.report.inputs import (
     load_confirm,
     load_simulate,
     load_sweep,
-    log_of,
     trace_name,
 )
-from sim.settings import setting_label
 
 
 @dataclass
@@ -76,7 +75,7 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
                          "qualifying": f"{pk.get('feasible')} of {pk.get('total')}",
                          "runners-up": ", ".join(pk.get("runners_up", []))})
         if latency != inp.get("latency"):
-            from sim.pick import pareto_front
+            from sim.sweep.pick import pareto_front
             front = set()
             for g, sub in sweep.df.assign(_g=[group_name(r) for _, r in sweep.df.iterrows()]).groupby("_g"):
                 front |= {(g, lab) for lab in pareto_front(sub, latency, throughput)["label"]}
@@ -283,7 +282,7 @@ REPORT_NAMES = ("report.html", "report.json") + tuple(f"{n}.png" for n in SECTIO
 
 def write_report(out_dir: str | Path | OutputFolder, sections: list[Section], inputs: dict, summary: dict,
                  overwrite: bool = False, png: bool = True) -> dict:
-    """report.html, one PNG per chart and report.json into `out_dir`, as one set (`sim.outdir`:
+    """report.html, one PNG per chart and report.json into `out_dir`, as one set (`sim.core.outdir`:
     locked, staged, moved in with report.json last; an older report's files moved out)."""
     if not isinstance(out_dir, OutputFolder):
         with OutputFolder(out_dir, REPORT_NAMES, overwrite, "report folder") as folder:
@@ -316,7 +315,7 @@ def make_report(out_dir: str | Path, sweep_dir=None, confirm_path=None, profile_
 
 def _make_report(folder: OutputFolder, sweep_dir, confirm_path, profile_path, simulate_path, latency, overwrite,
                  png) -> dict:
-    from sim.costmodel import load_profile
+    from sim.cost.profile import load_profile
     sweep = load_sweep(sweep_dir) if sweep_dir else None
     confirm = load_confirm(confirm_path) if confirm_path else None
     profile = load_profile(profile_path) if profile_path else None

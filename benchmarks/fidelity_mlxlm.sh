@@ -1,0 +1,20 @@
+#!/bin/bash
+# mlx-lm's BatchGenerator: a fresh quick mlx-lm calibration of qwen3-0.6b, then `pdsim confirm
+# --engine mlx-lm` of three settings (prefill step 32/128/512, prompt concurrency 1/4/4) on a
+# Poisson trace (arrivals spread over ~25 s, prompts 32..256, longer than two of the steps), then
+# the simulator's speed on 10,000 Poisson requests. On a quiet machine: anything else running
+# slows memory-bound calls by up to 2x. Output under runs/mlxlm/ (not committed).
+set -e
+cd "$(dirname "$0")/.."
+mkdir -p runs/mlxlm
+date
+pdsim calibrate --engine mlx-lm --model qwen3-0.6b --quick -o runs/mlxlm/qwen3-0.6b-cpu-mlx-lm.json --overwrite
+date
+pdsim confirm --engine mlx-lm --profile runs/mlxlm/qwen3-0.6b-cpu-mlx-lm.json \
+  --trace poisson --num-requests 10 --rate 0.4 --min-in 32 --max-in 256 --min-out 8 --max-out 16 \
+  --setting mlx-lm:prefill_step=32,prompt_concurrency=1,decode_concurrency=4 \
+            mlx-lm:prefill_step=128,prompt_concurrency=4,decode_concurrency=4 \
+            mlx-lm:prefill_step=512,prompt_concurrency=4,decode_concurrency=4 \
+  --repeats 3 -o runs/mlxlm/confirm-mlx-lm-$(date +%H%M%S).json
+date
+python3 benchmarks/bench_mlxlm.py --requests 10000

@@ -1,0 +1,38 @@
+"""The correctness gate run before any timing: chunking must not change what the model computes."""
+from __future__ import annotations
+
+import numpy as np
+
+from calibrate.engine.kernels import new_cache, prefill_chunk
+from calibrate.engine.model import LoadedModel
+
+RTOL = ATOL = 1e-3  # float32 arithmetic
+TF32_TOL = 1e-2  # float32 products on TF32 tensor cores (MLX on a CUDA GPU): a 10-bit mantissa
+TF32_ERROR = 1e-5  # a float32 product lands ~1e-7 from float64; a TF32 one ~3e-4
+
+
+def matmul_rel_error(n: int = 256) -> float:
+    """How far this device's float32 matrix product lands from float64's, relative: what tells
+    true float32 arithmetic from TF32, which an H200 runs for float32 (1.6e-3 logit differences
+    between a chunked and a one-shot prefill of the same prompt, where a CPU shows 1e-5)."""
+    import mlx.core as mx
+    a, b = np.random.default_rng(0).standard_normal((2, n, n)).astype(np.float32)
+    out = np.array(mx.array(a) @ mx.array(b)).astype(np.float64)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def tolerance() -> float:
+    """The gate's rtol and atol on this device: FP32's, or TF32's where the products run in TF32."""
+    return TF32_TOL if matmul_rel_error() > TF32_ERROR else RTOL
+
+
+def chunked_logits_match(lm: LoadedModel, prompt: list[int], budget: int, tol: float = RTOL) -> dict:
+    """Last-position logits of a chunked prefill against a one-shot prefill (FP32, rtol=atol=`tol`)."""
+    _, one_shot = prefill_chunk(lm, new_cache(lm), prompt)
+    cache = new_cache(lm)
+    for i in range(0, len(prompt), budget):
+        token, chunked = prefill_chunk(lm, cache, prompt[i:i + budget])
+    a, b = np.array(one_shot), np.array(chunked)
+    return {"budget": budget, "prompt_len": len(prompt), "max_abs_diff": float(np.abs(a - b).max()),
+            "tolerance": tol, "ok": bool(np.allclose(b, a, rtol=tol, atol=tol)), "same_token": int(a.argmax()) == token}

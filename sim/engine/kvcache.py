@@ -1,0 +1,360 @@
+"""Where mlx-lm's KV caches copy themselves: their buffer sizes, followed without data.
+
+mlx-lm keeps every cache in a buffer grown in 256-token steps (`KVCache`, `BatchKVCache`): a
+write that does not fit allocates a larger buffer and copies what is held. A batch cache is
+rebuilt by copies when requests join (`merge`, then `extend`: pad and concatenate) or leave
+(`filter`: a gather of the kept rows), and the new buffers keep the old spare room, so how much a
+call writes depends on the buffers' history, not only on the contexts: a request joining three
+others at context 128 writes 4 rows of a 384-token buffer. On this CPU a token-row of Qwen3-0.6B
+(229 KB over 28 layers) costs ~0.04 ms to write once, a fifth of a decode step per 1,000 rows.
+
+`KVBuffers` follows the sizes exactly as mlx-lm 0.32 computes them, for the executor's calls
+(`calibrate.engine.kernels`), so both executors log, and the cost model prices, the token-rows of KV
+buffer each call writes (`written`: buffer growth, pad, concatenate, gather; not the merge of
+joining caches, which costs next to nothing here). A pad writes its rows twice: MLX fills the new
+array with the pad value, then copies the old rows in (CPU and GPU alike): counted twice, copying
+joins price 0.99-1.09x what they ran (counted once, 1.11-1.27x). A test checks the sizes against
+the real caches, call by call.
+
+Memory the process has not used before costs more: the kernel maps and zeroes every fresh page
+(a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). So `KVBuffers`
+follows what the caches free as well as what they allocate, on a model of the process's heap
+(`sim.engine.heap`), and `fresh` counts the token-rows a call faults in there. The real engine counts
+each call's page faults (`EventLog.faults`), which measure what this estimates (a confirm's
+call table sets the two side by side). Freed memory is not one pool any array can take from: so
+modelled, a join's faults came out at twice what they were, and a new request's first chunk at
+none where it faulted a hundred rows.
+
+mlx-lm's `BatchGenerator` keeps two batch caches, the prompt batch and the generation batch
+(`BatchCache`, with every row's left padding), rebuilt by the same operations plus a roll of the
+right padding after a padded prompt call. Those rebuilds are lazy: a copy is made when a later
+call evaluates the cache, so `BatchCache.owed` keeps the arrays built and not yet evaluated, and
+the call that evaluates them is charged (`KVBuffers.join_prompt`, `batch_prefill`, `first_forward`,
+`generate`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.engine.heap import Heap
+
+STEP = 256  # KVCache.step and BatchKVCache.step
+
+
+def write(cap: int, idx: int, n: int) -> tuple[int, int]:
+    """`update_and_fetch` of n tokens at `idx` into a buffer of `cap` tokens (0: none yet):
+    the new capacity, and the token-rows of the new buffer when it had to grow (else 0)."""
+    if idx + n <= cap:
+        return cap, 0
+    grown = -(-n // STEP) * STEP
+    new = grown if cap == 0 else (idx if idx % STEP else cap) + grown
+    return new, new
+
+
+@dataclass
+class KVBuffers:
+    """Buffer capacity of every request's own cache and of the batch cache (rows, `_idx`, capacity)."""
+    own: dict[str, int] = field(default_factory=dict)  # rid -> capacity of its per-request cache
+    rows: tuple[str, ...] = ()  # the batch cache's rows, in order
+    idx: int = 0  # the batch cache's `_idx`: its longest row, left padding included
+    cap: int = 0
+    heap: Heap = field(default_factory=Heap)  # the process's heap: where the caches' arrays lie (`sim.engine.heap`)
+    written: int = 0  # token-rows allocated and filled since `take` last ran
+    built: int = 0  # the largest of those arrays; `take` moves it to `call_largest` (the last call's)
+    call_largest: int = 0
+    prompt: "BatchCache" = field(default_factory=lambda: BatchCache())  # mlx-lm's prompt batch
+    gen: "BatchCache" = field(default_factory=lambda: BatchCache())  # mlx-lm's generation batch
+
+    def what_if(self) -> "KVBuffers":
+        """A copy to follow a call on without changing these buffers (the batch caches copied too)."""
+        return KVBuffers(dict(self.own), self.rows, self.idx, self.cap, self.heap.copy(), self.written,
+                         self.built, self.call_largest, self.prompt.copy(), self.gen.copy())
+
+    def _new(self, rows: int, passes: int = 1) -> None:
+        """One new array of `rows` token-rows (each layer's keys and values alike), written by the
+        call `passes` times (a pad's: filled, then the rows copied in)."""
+        self.written += rows * passes
+        self.built = max(self.built, rows)
+        self.heap.take(rows)
+
+    def _drop(self, rows: int) -> None:
+        """An array of `rows` token-rows freed: the process keeps its memory for the next."""
+        self.heap.give(rows)
+
+    def released(self) -> Heap:
+        """The heap once a run drops every cache: what it freed, and every buffer still held (the
+        next run's start, `calibrate.engine.executor`)."""
+        out = self.heap.copy()
+        for rows in (*self.own.values(), len(self.rows) * self.cap, *self.prompt.buffers(), *self.gen.buffers()):
+            out.give(rows)
+        out.settle()
+        return out
+
+    def resident(self) -> int:
+        """Token-rows of KV buffer held now, by capacity: every request's own cache (kept while the
+        request decodes in the batch cache), the batch cache, and mlx-lm's two batches (`sim.engine.memory`)."""
+        return sum(self.own.values()) + len(self.rows) * self.cap + self.prompt.held() + self.gen.held()
+
+    def take(self) -> tuple[int, int]:
+        """(written, fresh) since the last take: one call's, its arrays placed on the heap now. A
+        merge's own rows are neither (see `sync`), so its faults are left out with it."""
+        out = self.written, min(self.written, self.heap.settle())
+        self.call_largest, self.written, self.built = self.built, 0, 0
+        return out
+
+    def prefill(self, rid: str, prefix: int, n: int) -> tuple[int, int]:
+        """A prompt chunk of n tokens after `prefix` cached ones, on the request's own cache:
+        (written, fresh) token-rows."""
+        old = self.own.get(rid, 0)
+        self.own[rid], grown = write(old, prefix, n)
+        if grown:  # a new buffer, the old one copied into it and freed
+            self._new(grown)
+            self._drop(old)
+        return self.take()
+
+    def decode_one(self, rid: str, cached: int) -> tuple[int, int]:
+        """One token on the request's own cache, which holds `cached` tokens."""
+        return self.prefill(rid, cached, 1)
+
+    def decode_batch(self, rids: tuple[str, ...], cached: dict[str, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+        """`DecodeBatch.sync(rids)` then one step; `cached[rid]` is what each request's cache holds
+        before the step (its own cache for a joining request, its row for a member). Returns
+        (written, fresh) of the sync (0, 0 when the rows are unchanged) and of the step."""
+        synced = (0, 0)
+        if rids != self.rows:
+            self.sync(rids, cached)
+            synced = self.take()
+        old = self.cap
+        self.cap, grown = write(self.cap, self.idx, 1)
+        self.idx += 1
+        if grown:
+            self._new(len(rids) * grown)
+            self._drop(len(rids) * old)
+        return synced, self.take()
+
+    def sync(self, rids: tuple[str, ...], cached: dict[str, int]) -> None:
+        wanted, present = set(rids), set(self.rows)
+        kept = [r for r in self.rows if r in wanted]
+        joining = [r for r in rids if r not in present]
+        for r in self.rows:
+            if r not in wanted and r in cached:  # a leaver that still owes tokens: its row copied out
+                self.own[r] = cached[r]
+                self._new(cached[r])
+        if not kept:
+            self._drop(len(self.rows) * self.cap)
+            self.idx = self.cap = 0
+        elif len(kept) < len(self.rows):
+            self._filter(kept, cached, len(self.rows))
+        if joining:
+            # merge: an exact-size buffer, no spare room, filled from caches just written; it copies
+            # at memory speed from memory the allocator just freed (one request at 60-290 tokens:
+            # 1-2 ms, no page faults, against ~40 us per token-row for a concatenation or a gather
+            # and twice that for a pad), so it is not counted, only followed as memory taken
+            longest = max(cached[r] for r in joining)
+            merged = len(joining) * longest
+            self.heap.take(merged)  # freed below with the other inputs, or the batch cache itself if none
+            if not kept:
+                self.idx = self.cap = longest
+            else:  # extend: both sides padded to one size where they differ, then concatenated
+                idx, size = max(self.idx, longest), max(self.cap, longest)
+                copies = [merged, len(kept) * self.cap]  # the inputs, freed once the concatenation is built
+                for n, i, c in ((len(kept), self.idx, self.cap), (len(joining), longest, longest)):
+                    left = idx - i
+                    if left or size - c - left > 0:  # `mx.pad`
+                        self._new(n * size, passes=2)
+                        copies.append(n * size)
+                self._new((len(kept) + len(joining)) * size)
+                for rows in copies:
+                    self._drop(rows)
+                self.idx, self.cap = idx, size
+        if kept + joining != list(rids):  # same members, another order: a gather of every row
+            self._filter(list(rids), cached, len(kept) + len(joining))
+        self.rows = tuple(rids)
+
+    def _filter(self, kept: list[str], cached: dict[str, int], held: int) -> None:
+        """`BatchKVCache.filter` of a batch of `held` rows: gather the kept rows (the old buffer
+        freed), then drop the padding they all share (a view)."""
+        self._new(len(kept) * self.cap)
+        self._drop(held * self.cap)
+        shift = self.idx - max(cached[r] for r in kept)
+        self.idx -= shift
+        self.cap -= shift
+
+    def finish(self, rid: str) -> None:
+        """A finished request's own cache is dropped (its batch row goes at the next sync)."""
+        self._drop(self.own.pop(rid, 0))
+
+    def preempt(self, rid: str, freed: object) -> None:
+        """A preempted request's own cache is dropped, and its batch row is marked `freed` (an
+        object no request's id equals), so the next sync filters it out as a leave, as the real
+        executor's batch does (`calibrate.engine.executor`), even if the request has rejoined by then."""
+        self._drop(self.own.pop(rid, 0))
+        if rid in self.rows:
+            self.rows = tuple(freed if r == rid else r for r in self.rows)
+
+    # --- mlx-lm's BatchGenerator: the prompt batch and the generation batch ---------------------
+
+    def _settle(self, cache: "BatchCache") -> None:
+        """A call evaluates `cache`: the lazy arrays it owes are allocated and filled now, each
+        built from the one before it, which is freed, and so are the buffers it was built from.
+        A growth among them is placed as the rebuilds' arrays are: mlx-lm builds it lazily, with
+        the batch's other copies."""
+        for rows in cache.owed:
+            self._new(rows)
+            self._drop(cache.live)
+            cache.live = rows
+        for rows in cache.dropped:
+            self._drop(rows)
+        cache.owed, cache.dropped = [], []
+
+    def join_prompt(self, rids: tuple[str, ...]) -> tuple[int, int]:
+        """Requests with empty caches join the prompt batch (merge, then `extend`): lazy, (0, 0)."""
+        self.prompt.extend(BatchCache(list(rids), [0] * len(rids)))
+        return self.take()
+
+    def batch_prefill(self, chunks: list[int]) -> tuple[int, int]:
+        """One call of the prompt batch, row i prefilling chunks[i] tokens (in the batch's order):
+        every row writes the longest chunk's positions; with padding, the buffers are rolled."""
+        c, longest = self.prompt, max(chunks)
+        self._settle(c)  # the rebuilds since the last prompt call (joins, the split's gather)
+        c.update(longest)
+        c.roll([longest - n for n in chunks])
+        self._settle(c)
+        return self.take()
+
+    def first_forward(self, rids: tuple[str, ...]) -> tuple[int, int]:
+        """Split `rids` off the prompt batch, write their last prompt token, join them to the
+        generation batch (its copies are lazy: the next `generate` pays them)."""
+        split = self.prompt.split([self.prompt.rows.index(r) for r in rids])
+        split.update(1)
+        self._settle(split)  # the split's gather (and any join it read from), the write's growth
+        self.gen.extend(split)
+        return self.take()
+
+    def generate(self, rids: tuple[str, ...], leaving: set[str]) -> tuple[int, int]:
+        """One step of the generation batch (rows `rids`, its order); the rows in `leaving`
+        return their last token and are filtered out after it (lazily, for the next step)."""
+        c = self.gen
+        self._settle(c)  # the joins and leaves since the last step
+        c.update(1)
+        self._settle(c)
+        self.leave_gen(leaving)
+        return self.take()
+
+    def leave_gen(self, leaving: set[str]) -> None:
+        """Rows that returned their last token are filtered out of the generation batch (a lazy
+        gather); the last ones leave no cache at all."""
+        c = self.gen
+        keep = [i for i, r in enumerate(c.rows) if r not in leaving]
+        if not keep:
+            for rows in (c.live, *c.dropped):
+                self._drop(rows)
+            self.gen = BatchCache()
+        elif len(keep) < len(c.rows):
+            c.filter(keep)
+
+
+@dataclass
+class BatchCache:
+    """mlx-lm's `BatchKVCache` by its sizes: the rows, each row's left padding, the shared write
+    position `_idx`, the buffers' capacity, and the lazy arrays built from it and not yet
+    evaluated (token-rows each, one layer's keys). No rows: no cache at all (mlx-lm's list of
+    caches is emptied when a batch loses its last row, and a batch joining it is taken as is)."""
+    rows: list[str] = field(default_factory=list)
+    pad: list[int] = field(default_factory=list)
+    idx: int = 0
+    cap: int = 0
+    keys: bool = False  # whether it holds buffers (a merge of empty caches holds none)
+    owed: list[int] = field(default_factory=list)
+    live: int = 0  # token-rows of the buffer allocated last (`KVBuffers.heap` follows it)
+    dropped: list[int] = field(default_factory=list)  # buffers freed once the owed arrays are built
+
+    def copy(self) -> "BatchCache":
+        return BatchCache(list(self.rows), list(self.pad), self.idx, self.cap, self.keys, list(self.owed), self.live,
+                          list(self.dropped))
+
+    def buffers(self) -> list[int]:
+        """Token-rows of every buffer allocated for this batch and not yet freed."""
+        return [self.live, *self.dropped]
+
+    def held(self) -> int:
+        """Token-rows of buffer this batch holds (every row at the shared capacity)."""
+        return len(self.rows) * self.cap if self.keys else 0
+
+    def lengths(self) -> list[int]:
+        """Each row's tokens in the cache (real, padding excluded)."""
+        return [self.idx - p for p in self.pad]
+
+    def update(self, n: int) -> None:
+        """`update_and_fetch` of n positions in every row: grow in 256-token steps if needed."""
+        cap, grown = write(self.cap if self.keys else 0, self.idx, n)
+        if grown:
+            self.owed.append(len(self.rows) * grown)
+        self.cap, self.keys, self.idx = cap, True, self.idx + n
+
+    def roll(self, right: list[int]) -> None:
+        """`prepare(right_padding)` before a padded call and `finalize` after it: each row's
+        padding is rolled to its left, a new buffer of every row's whole capacity."""
+        if max(right) > 0:
+            self.owed.append(len(self.rows) * self.cap)
+            self.pad = [p + r for p, r in zip(self.pad, right)]
+
+    def filter(self, keep: list[int]) -> None:
+        """Keep these rows (a gather of the whole buffer), then drop the left padding they all share."""
+        if self.keys:
+            self.owed.append(len(keep) * self.cap)
+        self.rows = [self.rows[i] for i in keep]
+        self.pad = [self.pad[i] for i in keep]
+        shift = min(self.pad)
+        if shift > 0:
+            if self.keys:
+                self.cap -= shift  # a view
+            self.idx -= shift
+            self.pad = [p - shift for p in self.pad]
+
+    def split(self, idx: list[int]) -> "BatchCache":
+        """`PromptProcessingBatch.split`: rows `idx` (sorted) leave in a batch of their own,
+        returned; both sides are gathers of these buffers. The split side is evaluated first (its
+        first forward runs before the prompt call), so it owes what the two share."""
+        idx = sorted(idx)
+        other = self.copy()
+        other.live, other.dropped = 0, []  # its gather is built from this batch's buffer
+        rest = [i for i in range(len(self.rows)) if i not in idx]
+        self.owed = []
+        if rest:
+            self.filter(rest)
+        else:  # the buffer goes once the split's gather is built
+            other.dropped, self.live, self.dropped = [self.live, *self.dropped], 0, []
+            self.rows, self.pad, self.idx, self.cap, self.keys = [], [], 0, 0, False
+        other.filter(idx)
+        return other
+
+    def extend(self, other: "BatchCache") -> None:
+        """`BatchKVCache.extend`: rows of `other` join at the end. Both sides are padded to the
+        larger write position and capacity where they differ, then concatenated."""
+        if not self.rows:  # no cache yet: the joining batch's own
+            self.rows, self.pad, self.idx, self.cap, self.keys = (list(other.rows), list(other.pad), other.idx,
+                                                                  other.cap, other.keys)
+            self.owed = self.owed + other.owed
+            self.dropped = self.dropped + [self.live] + other.dropped
+            self.live = other.live
+            return
+        self.owed = self.owed + other.owed
+        self.dropped = self.dropped + other.buffers()  # the joining batch's buffer: an input of the concatenation
+        if not self.keys and not other.keys:
+            self.rows += other.rows
+            self.pad += other.pad
+            return
+        idx = max(self.idx, other.idx)
+        size = max(self.cap if self.keys else 0, other.cap if other.keys else 0)
+        pads = []
+        for c in (self, other):
+            left = idx - c.idx
+            right = size - (c.cap if c.keys else 0) - left
+            if left or right > 0:
+                self.owed.append(len(c.rows) * size)
+            pads.append([p + left for p in c.pad])
+        self.owed.append((len(self.rows) + len(other.rows)) * size)
+        self.rows = self.rows + other.rows
+        self.pad = pads[0] + pads[1]
+        self.idx, self.cap, self.keys = idx, size, True
