@@ -19,7 +19,7 @@ from sim.cost.model import CostModel
 from sim.cost.price import call_costs
 from sim.engine.kvcache import write
 from sim.engine.state import EngineState
-from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
+from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
 
 
 def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
@@ -36,6 +36,8 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
         return 0  # its chunks change from one iteration to the next (an `auto` budget)
     if any(isinstance(w, (JoinPrompt, BatchPrefill, FirstForward, Generate)) for w in work):
         return _generate_steps(state, work)
+    if any(isinstance(w, Mixed) for w in work):
+        return 0  # vLLM's forwards run one by one
     steps, seen = None, set()
     for w in work:
         if isinstance(w, Prefill):

@@ -112,6 +112,18 @@ class KVBuffers:
             self._drop(old)
         return self.take()
 
+    def mixed(self, rows: list[tuple[str, int, int]]) -> tuple[int, int]:
+        """One forward over several requests' own caches (`sim.engine.work.Mixed`): each row
+        (request, cached tokens, tokens written) grows its buffer as a chunk would; the arrays
+        are placed together, as one call's."""
+        for rid, prefix, n in rows:
+            old = self.own.get(rid, 0)
+            self.own[rid], grown = write(old, prefix, n)
+            if grown:
+                self._new(grown)
+                self._drop(old)
+        return self.take()
+
     def decode_one(self, rid: str, cached: int) -> tuple[int, int]:
         """One token on the request's own cache, which holds `cached` tokens."""
         return self.prefill(rid, cached, 1)

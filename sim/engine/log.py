@@ -159,7 +159,7 @@ class EventLog:
             if isinstance(part, list):
                 last = {}
                 for c in part:
-                    if c.kind == "decode":
+                    if c.kind == "decode" or (c.kind == "mixed" and c.batched):
                         ends.append(c.end)
                         its.append(c.iteration)
                     elif c.kind == "generate":

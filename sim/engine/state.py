@@ -14,16 +14,17 @@ from sim.engine.kvcache import KVBuffers, write
 from sim.engine.kvlimit import KVLimitRules, check_kv_fit
 from sim.engine.log import Call, Column, EventLog, RequestInfo, Stretch
 from sim.engine.memory import MemoryModel, PeakMemory
+from sim.engine.mixed import MixedForward
 from sim.engine.mlxlm import MlxLmTransitions
 from sim.engine.requests import RequestState
-from sim.engine.work import BatchPrefill, Decode, EngineError, FirstForward, Generate, JoinPrompt, Prefill, Work
+from sim.engine.work import BatchPrefill, Decode, EngineError, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
 from traces.trace import Trace
 
 Rows = tuple[int, int]  # (written, fresh) token-rows of KV buffer
 NONE: Rows = (0, 0)
 
 
-class EngineState(KVLimitRules, MlxLmTransitions):
+class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
     """What the engine holds: requests queued for prefill, requests ready to decode, the log.
 
     `queued` holds arrived requests whose prefill is not finished, in arrival order; `ready` holds
@@ -117,6 +118,10 @@ class EngineState(KVLimitRules, MlxLmTransitions):
         if isinstance(work, Decode) and work.batched and work.rids == kv.rows \
                 and not _grown(kv.cap, kv.idx, 1):
             return NONE, NONE
+        if isinstance(work, Mixed):
+            _, prefixes, _ = self.mixed_shape(work)
+            if not any(_grown(kv.own.get(r, 0), p, n) for (r, n), p in zip(work.rows, prefixes)):
+                return NONE, NONE
         return self._follow(work, 0)  # a growth, a batch change, single decodes, mlx-lm's
 
     def _follow(self, work: Work, prefix: int) -> tuple[Rows, Rows]:
@@ -166,6 +171,9 @@ class EngineState(KVLimitRules, MlxLmTransitions):
             return NONE, kv.generate(work.rids, {r for r in work.rids if self.ready[r].output_left == 1})
         if isinstance(work, JoinPrompt):
             return NONE, kv.join_prompt(work.rids)
+        if isinstance(work, Mixed):
+            _, prefixes, _ = self.mixed_shape(work)
+            return NONE, kv.mixed([(r, p, n) for (r, n), p in zip(work.rows, prefixes)])
         if not work.batched:
             rows = [kv.decode_one(r, self.ready[r].context - 1) for r in work.rids]
             return NONE, (sum(w for w, _ in rows), sum(f for _, f in rows))
@@ -189,6 +197,8 @@ class EngineState(KVLimitRules, MlxLmTransitions):
                     raise EngineError(f"decode of {rid!r}: its prefill has not finished, or it is done")
                 if self.ready[rid].pipelined:
                     raise EngineError(f"decode of {rid!r}: it is in mlx-lm's generation batch (Generate)")
+        elif isinstance(work, Mixed):
+            self._check_mixed(work)
         else:
             self._check_mlx_lm(work)
 
@@ -203,6 +213,9 @@ class EngineState(KVLimitRules, MlxLmTransitions):
             raise EngineError(f"time went backwards: call [{start}, {end}] after {self.now}")
         self.now = end
         tokens = self.log.tokens
+        if isinstance(work, Mixed):
+            self._apply_mixed(work, start, end)
+            return
         if not isinstance(work, (Prefill, Decode)):
             self._apply_mlx_lm(work, start, end)
             return

@@ -84,6 +84,11 @@ class ScoredLog:
                 self._check(rid)
         elif call.kind == "prefill":
             self._last_prefill = call.rids[0]
+        elif call.kind == "mixed":  # vLLM's forward: a decode call when a decode rode in it
+            if call.batched:
+                self.tally.decode_call(call.end, call.iteration)
+            for rid in call.rids:
+                self._check(rid)
         elif call.kind == "preempt":
             self.tally.preemptions(1, call.tokens)
 
