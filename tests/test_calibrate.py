@@ -50,7 +50,7 @@ def test_calibrate_writes_a_usable_profile(tmp_path):
     for key in ("kind", "cpu", "os", "mlx", "mlx_lm", "blas", "id"):
         assert key in prof["device"]
     steps = {s["step"] for s in prof["samples"]}
-    assert steps == {"prefill", "decode", "sync", "overhead"}  # syncs: the engine runs' batch rebuilds
+    assert steps == {"prefill", "decode", "sync", "overhead", "mixed"}  # syncs: batch rebuilds; mixed: vLLM's forwards
     grid = [s for s in prof["samples"] if "source" not in s]
     assert len(grid) == len(TINY.points())
     assert all(len(s["times"]) == rounds(s) for s in grid)

@@ -21,6 +21,7 @@ from tqdm import tqdm
 import policies
 from calibrate.engine.executor import RealEngine
 from calibrate.engine.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
+from calibrate.engine.mixed import mixed_forward
 from calibrate.engine.model import LoadedModel
 from calibrate.measure.grid import Grid
 from calibrate.measure.journal import Journal
@@ -125,7 +126,8 @@ class Profiler:
         self.lm, self.grid = lm, grid
         self.master: Cache | None = None
         rng = random.Random(1)
-        longest = max([q["chunk"] for q in grid.points() if q["step"] == "prefill"] + [1])  # odd prompts too
+        longest = max([q.get("chunk", q.get("prompt", 1)) for q in grid.points() if q["step"] in ("prefill", "mixed")]
+                      + [1])  # odd prompts too
         self.ids = [rng.randrange(lm.vocab_size) for _ in range(longest)]
 
     def measure(self, point: dict, first_visit: bool) -> dict:
@@ -159,6 +161,23 @@ class Profiler:
         grown = untimed + 1  # the timed step wrote token ctx + grown: its context, as the simulator counts it
         return dt, {"batch": len(ctx), "context_sum": sum(c + grown for c in ctx), "context_max": max(ctx) + grown,
                     "single": not p.get("batched", True), "written": 0,  # both caches have room to grow
+                    "peak_extra": peak}
+
+    def _mixed(self, p: dict, untimed: int):
+        """vLLM's one forward: `decodes` requests one token past `context`, and a prompt chunk of
+        `prompt` tokens after `prompt_prefix` cached ones (on a fresh cache at offset 0)."""
+        for _ in range(untimed + 1):
+            caches = [sliced(self.master, p["context"]) for _ in range(p["decodes"])]
+            rows = [[1]] * p["decodes"]
+            prefixes = [p["context"]] * p["decodes"]
+            if p["prompt"]:
+                caches.append(sliced(self.master, p["prompt_prefix"]) if p["prompt_prefix"] else new_cache(self.lm))
+                rows.append(self.ids[:p["prompt"]])
+                prefixes.append(p["prompt_prefix"])
+            caps = [c[0].keys.shape[2] if c[0].keys is not None else 0 for c in caches]
+            dt, peak = _measured(lambda: mixed_forward(self.lm, caches, rows))
+        written = sum(write(cap, pre, len(r))[1] for cap, pre, r in zip(caps, prefixes, rows))
+        return dt, {"batch": len(rows), "chunks": [len(r) for r in rows], "prefixes": prefixes, "written": written,
                     "peak_extra": peak}
 
     def _overhead(self, p: dict, untimed: int):

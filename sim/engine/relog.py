@@ -7,7 +7,7 @@ from sim.engine.heap import Heap
 from sim.engine.log import Call, EventLog
 from sim.engine.memory import MemoryModel
 from sim.engine.state import EngineState
-from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
+from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
 from traces.trace import Trace
 
 
@@ -71,4 +71,6 @@ def work_of(c: Call) -> Work:
         return FirstForward(c.rids)
     if c.kind == "generate":
         return Generate(c.rids)
+    if c.kind == "mixed":
+        return Mixed(tuple(zip(c.rids, c.chunks)))
     return Decode(c.rids, c.batched)
