@@ -71,16 +71,18 @@ class Vllm:
         # running: admitted and still holding work (a preempted request is waiting again, L1314)
         self._running = [r for r in self._running if r in state.ready or (r in state.queued
                                                                          and state.queued[r].prefilled)]
-        budget, rows = self.max_num_batched_tokens, []
+        budget, rows, growing = self.max_num_batched_tokens, [], 0
         for rid in self._running:  # L484-638
             if budget <= 0:
                 break
             n = 1 if rid in state.ready else self._tokens(state.queued[rid].prefill_left, budget)
             rows.append((rid, n))
             budget -= n
-        running, reserved = set(self._running), 0
+            growing += n if rid in state.queued else 0  # (decode rows: `len(state.ready)` below)
+        running, reserved = set(self._running), growing  # the cache the running rows take this forward
+        preempted = state.preempted_in == state.iteration + 1  # this step: no admission (L684)
         for rid, s in state.queued.items():  # L687-1097: waiting, in queue order
-            if budget <= 0 or len(self._running) >= self.max_num_seqs:
+            if preempted or budget <= 0 or len(self._running) >= self.max_num_seqs:
                 break
             if rid in running:
                 continue

@@ -37,7 +37,7 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
     if any(isinstance(w, (JoinPrompt, BatchPrefill, FirstForward, Generate)) for w in work):
         return _generate_steps(state, work)
     if any(isinstance(w, Mixed) for w in work):
-        return 0  # vLLM's forwards run one by one
+        return _mixed_steps(state, work)
     steps, seen = None, set()
     for w in work:
         if isinstance(w, Prefill):
@@ -87,6 +87,20 @@ def _generate_steps(state: EngineState, work: list[Work]) -> int:
     return min(n, _fits(state.kv.gen.cap, state.kv.gen.idx, 1))
 
 
+def _mixed_steps(state: EngineState, work: list[Work]) -> int:
+    """vLLM's: a forward of decode rows only, with no request waiting (it might be admitted),
+    repeats until the first row's last token, or before a row's buffer would grow after the
+    first forward, or where the KV limit stops it; forwards with prompt rows run one by one."""
+    if len(work) != 1 or state.queued or any(rid not in state.ready or n != 1 for rid, n in work[0].rows):
+        return 0
+    ready = state.ready
+    n = min(ready[rid].output_left for rid, _ in work[0].rows)
+    n = min([n] + [_fits(state.kv.own.get(rid, 0), ready[rid].context - 1, 1) for rid, _ in work[0].rows])
+    if state.kv_limit is not None:
+        n = min(n, (state.kv_limit - state.kv_used) // len(work[0].rows))
+    return n
+
+
 def _fits(cap: int, idx: int, n: int) -> int:
     """Iterations of n-token writes from `idx` in which no buffer grows after the first (>= 1)."""
     cap = write(cap, idx, n)[0]  # the first may grow it
@@ -107,6 +121,10 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
     for w in work:
         if isinstance(w, Generate):
             costs = cost.generate_steps([state.ready[rid].context for rid in w.rids], steps).tolist()
+        elif isinstance(w, Mixed):
+            _, prefixes, _ = state.mixed_shape(w)
+            ones = (1,) * len(prefixes)
+            costs = [cost.mixed(ones, [p + j for p in prefixes]) for j in range(steps)]
         elif isinstance(w, Prefill):
             costs = cost.prefill_steps(w.tokens, state.queued[w.rid].prefilled, steps).tolist()
         else:

@@ -112,6 +112,7 @@ class KVLimitRules:
             self.queued[rid] = s
             self.queued.move_to_end(rid, last=False)
         self.now = at
+        self.preempted_in = iteration
         self.log.add(Call("preempt", at, at, (rid,), freed, 0, (), 0, 0, iteration))
         return freed
 

@@ -37,7 +37,8 @@ class Call(NamedTuple):
     chunks: tuple[int, ...] = ()  # prompt: each row's chunk (real tokens)
 
 
-DECODE_KINDS = ("decode", "generate")  # calls that return a token to each of their requests
+DECODE_KINDS = ("decode", "generate", "mixed")  # columns that return a token to each of their requests (a
+# stretch's mixed forwards are decodes only: `sim.steady`)
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,11 @@ class Stretch(NamedTuple):
                 prefixes, contexts = range(first, first + steps * tokens, tokens), repeat(())
             else:
                 prefixes, contexts = repeat(0), zip(*(range(c, c + steps) for c in first))
+            chunks = repeat((1,) * len(rids) if kind == "mixed" else ())  # a mixed column: decode rows
             built.append(map(_make_call, zip(repeat(kind), starts, ends, repeat(rids),
                                              repeat(tokens), prefixes, contexts, repeat(0), repeat(0), its,
                                              chain((written,), repeat(0)),
-                                             repeat(batched), chain((fresh,), repeat(0)), repeat(()))))
+                                             repeat(batched), chain((fresh,), repeat(0)), chunks)))
         return built[0] if len(built) == 1 else chain.from_iterable(zip(*built))
 
 

@@ -9,7 +9,7 @@ emits one token. The log keeps one call of kind "mixed": its rows (`rids`), each
 """
 from __future__ import annotations
 
-from sim.engine.log import Call
+from sim.engine.log import Call, Column
 from sim.engine.work import EngineError, Mixed
 
 
@@ -76,3 +76,24 @@ class MixedForward:
                 self._ready_or_finish(s)
         self.log.add(Call("mixed", start, end, tuple(r for r, _ in work.rows), sum(chunks), 0, prefixes, 0, 0,
                           self.iteration, written, decodes, fresh, chunks))
+
+    def _steady_mixed(self, work: Mixed, steps: int, begin: list[float], end: list[float], held: int) -> Column:
+        """`steps` forwards of the same decode rows (`sim.steady`): no row's buffer grows after the
+        first, rows finish only at the last."""
+        chunks, prefixes, _ = self.mixed_shape(work)
+        _, (written, fresh) = self._kv_apply(work, 0)
+        if self.memory is not None:  # the first forward allocates, the last holds that and attends the most
+            self._peak(held, self._grown(held), "prefill", sum(chunks), max(prefixes), ())
+            self._peak(self.kv.resident(), 0, "prefill", sum(chunks), max(prefixes) + steps - 1, ())
+        rids = tuple(r for r, _ in work.rows)
+        self.kv_used += steps * len(rids)
+        for rid in rids:
+            s = self.ready[rid]
+            self.log.tokens[rid].extend(end)
+            s.generated += steps
+            if s.generated == s.req.output_len:
+                del self.ready[rid]
+                self.kv.finish(rid)
+                self.kv_used -= s.req.prompt_len + s.generated - 1
+                self.finished += 1
+        return Column("mixed", rids, len(rids), list(prefixes), begin, end, written, True, fresh)

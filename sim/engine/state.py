@@ -62,6 +62,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         self.stepped: tuple[str, ...] = ()  # mlx-lm: the generation batch's rows at its last step
         self.memory = PeakMemory(memory) if memory is not None else None
         self._position: dict[str, int] | None = None  # arrival order (the trace's), built at a first preemption
+        self.preempted_in = -1  # the last iteration a preemption was logged in (`sim.engine.kvlimit`)
         self._followed: tuple | None = None  # (work, buffers after it, rows): `kv_rows`'s copy, for `apply`
         for r in trace.requests:
             self.log.requests[r.id] = RequestInfo(r.id, r.arrival, r.prompt_len, r.output_len, r.prefilled)
@@ -146,6 +147,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         s.kv, s.log = self.kv.what_if(), _NoLog()
         s._returned, s.stepped = (-1, []), self.stepped
         s.memory, s.kv_limit, s.kv_used, s._position = None, self.kv_limit, self.kv_used, self._position
+        s.preempted_in = self.preempted_in
         s._followed = None
         return s
 
@@ -287,6 +289,9 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
             held = self.kv.resident() if self.memory is not None else 0
             if isinstance(w, Generate):  # mlx-lm: only steps of an unchanged batch (sim.steady)
                 columns.append(self._steady_generate(w, steps, begin, end, held))
+                continue
+            if isinstance(w, Mixed):  # vLLM's: only forwards of the same decode rows (sim.steady)
+                columns.append(self._steady_mixed(w, steps, begin, end, held))
                 continue
             if isinstance(w, Prefill):
                 s = self.queued[w.rid]
