@@ -13,7 +13,7 @@ import random
 
 import numpy as np
 
-from calibrate.fit.common import FOLDS, knot_sizes, nnls, size_folds
+from calibrate.fit.common import FOLDS, knot_sizes, nnls, repeat_noise, size_folds
 from sim.cost.copies import call_copies
 from sim.cost.curve import Curve
 from sim.cost.model import MIXED_FORM
@@ -87,8 +87,10 @@ def fit_mixed(samples: list[dict], held_runs: list[dict], copies, seed: int = 0)
                                             *map(float, x[-3:])],
                **({"dense": [[float(k), float(v)] for k, v in zip(knots, x[:len(knots)])]} if curve else {})}
     errors = {"held_out": len(held), "train": len(samples) - len(held), "form_mean": float(e_held.mean()),
-              "form_max": float(e_held.max()), "cv_folds": FOLDS, "cv_line_mean": float(cv[False].mean()),
-              "cv_curve_mean": float(cv[True].mean()), "dense": "curve" if curve else "line"}
+              "repeat_noise": repeat_noise(samples), "use": f"{'curve' if curve else 'line'} for dense(T)",
+              "form_max": float(e_held.max()), "cv_folds": FOLDS, "cv_form_mean": float(cv[curve].mean()),
+              "cv_form_max": float(cv[curve].max()), "cv_line_mean": float(cv[False].mean()),
+              "cv_curve_mean": float(cv[True].mean())}
     for s, f in zip(samples, predict(x, knots, samples)):
         s["fitted"], s["held_out"] = float(f), False
     out = {"cost": section, "errors": errors}
