@@ -50,9 +50,10 @@ SETTINGS = ["fifo", "fifo:decode=single", "eager", "eager:batch_size=8,order=dec
             "chunked:budget=128,kv_limit=2600", "eager:kv_limit=2600,batch_size=8",
             "mlx-lm", "mlx-lm:prefill_step=64,prompt_concurrency=2,decode_concurrency=4"]
 NO_METILE = {"mlx-lm", "mlx-lm:prefill_step=64,prompt_concurrency=2,decode_concurrency=4"}  # prefilled requests
-# A replay follows fresh memory only where its profile prices it; the built-in profile prices
-# none, so its logs' count of fresh token-rows per call is not a prediction and is not compared.
-UNPRICED = {"builtin": ("call_fresh",), "cpu": ()}
+# A replay follows buffer sizes and fresh memory only where its profile prices them; the built-in
+# profile prices neither, so its logs' KV rows written and fresh per call are not predictions and
+# are not compared.
+UNPRICED = {"builtin": ("call_fresh", "call_written"), "cpu": ()}
 # what differs from run to run; and a results file's digests of its log files (each log file is
 # compared itself, less what `UNPRICED` leaves out)
 VOLATILE = {"wall_s", "created", "calibrate_s", "build_s", "_path", "elapsed_s", "digests"}

@@ -12,6 +12,7 @@ It applies only to policies that declare `steady = True` (see `policies.base.Pol
 """
 from __future__ import annotations
 
+import sys
 from bisect import bisect_left
 from itertools import accumulate, chain
 
@@ -45,7 +46,7 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
             if s is None or w.rid in seen or w.tokens < 1:
                 return 0  # let the call-by-call path report the policy's mistake
             n = (s.prefill_left - 1) // w.tokens  # full chunks that leave the prompt unfinished
-            n = min(n, _fits(state.kv.own.get(w.rid, 0), s.prefilled, w.tokens))
+            n = min(n, _room(state, state.kv.own.get(w.rid, 0), s.prefilled, w.tokens))
             seen.add(w.rid)
         else:
             if not w.rids or any(rid in seen or rid not in state.ready or state.ready[rid].generated == 1
@@ -55,9 +56,9 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
             if w.batched:
                 if w.rids != state.kv.rows:
                     return 0  # the batch cache is rebuilt first: a sync call, logged call by call
-                n = min(n, _fits(state.kv.cap, state.kv.idx, 1))
+                n = min(n, _room(state, state.kv.cap, state.kv.idx, 1))
             else:
-                n = min([n] + [_fits(state.kv.own.get(r, 0), state.ready[r].context - 1, 1) for r in w.rids])
+                n = min([n] + [_room(state, state.kv.own.get(r, 0), state.ready[r].context - 1, 1) for r in w.rids])
             seen.update(w.rids)
         steps = n if steps is None else min(steps, n)
     if steps and state.kv_limit is not None:  # the iterations whose tokens fit the KV limit (`sim.engine.kvlimit`)
@@ -95,10 +96,15 @@ def _mixed_steps(state: EngineState, work: list[Work]) -> int:
         return 0
     ready = state.ready
     n = min(ready[rid].output_left for rid, _ in work[0].rows)
-    n = min([n] + [_fits(state.kv.own.get(rid, 0), ready[rid].context - 1, 1) for rid, _ in work[0].rows])
+    n = min([n] + [_room(state, state.kv.own.get(rid, 0), ready[rid].context - 1, 1) for rid, _ in work[0].rows])
     if state.kv_limit is not None:
         n = min(n, (state.kv_limit - state.kv_used) // len(work[0].rows))
     return n
+
+
+def _room(state: EngineState, cap: int, idx: int, n: int) -> int:
+    """`_fits`, where the state follows buffer sizes; without them (`RowsOnly`) no growth ends a stretch."""
+    return _fits(cap, idx, n) if state.kv.counts else sys.maxsize
 
 
 def _fits(cap: int, idx: int, n: int) -> int:

@@ -58,6 +58,7 @@ class CostModel(Protocol):
     kv_capacity: int | None  # tokens of KV cache the profile's device holds, if known
     heap_groups: int  # the model's layers, as `sim.engine.heap` follows their arrays
     prices_fresh: bool  # whether a KV token-row in fresh memory costs more than one in reused memory
+    prices_kv: bool  # whether a KV token-row written costs anything, or the memory model reads buffer sizes
     copy: float  # seconds per token-row of KV buffer a call allocates and fills (`sim.engine.kvcache`)
     fresh: float  # and more per such row in fresh memory (beyond what the process freed: `sim.engine.kvcache`)
     gather: float | None  # per token-row instead of `copy` in a sync where requests only leave (None: `copy`)
@@ -141,6 +142,11 @@ class LinearCostModel:
 
     def fresh_heap(self) -> Heap | NoHeap:
         return Heap(groups=self.heap_groups) if self.prices_fresh else NoHeap()
+
+    @property
+    def prices_kv(self) -> bool:
+        return bool(self.copy or self.gather or self.grow or self.grow_single or self.prices_fresh
+                    or self.memory is not None or (self.mlx is not None and (self.mlx.copy or self.mlx.first_copy)))
 
     def mlx_lm_call(self, kind: str, tokens: int, idx: int, contexts: Sequence[int], written: int,
                     fresh: int) -> float:
@@ -291,6 +297,10 @@ class GridCostModel:
     @property
     def prices_fresh(self) -> bool:
         return self.linear.prices_fresh
+
+    @property
+    def prices_kv(self) -> bool:
+        return self.linear.prices_kv or self.memory is not None
 
     def fresh_heap(self) -> Heap | NoHeap:
         return self.linear.fresh_heap()

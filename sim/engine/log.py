@@ -112,6 +112,10 @@ class EventLog:
     def add(self, call: Call) -> None:
         self._parts[-1].append(call)
 
+    def done(self, rid: str) -> None:
+        """Request `rid` emitted its last token (pdsim's and vLLM's calls; the state says so). A
+        log that keeps every call needs nothing; one that tallies requests as they end does."""
+
     def add_stretch(self, stretch: Stretch) -> None:
         self._parts += [stretch, []]
 

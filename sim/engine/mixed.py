@@ -63,6 +63,7 @@ class MixedForward:
                     self.kv.finish(rid)
                     self.kv_used -= s.req.prompt_len + s.generated - 1
                     self.finished += 1
+                    self.log.done(rid)
                 continue
             s = self.queued[rid]
             s.prefilled += n
@@ -96,4 +97,5 @@ class MixedForward:
                 self.kv.finish(rid)
                 self.kv_used -= s.req.prompt_len + s.generated - 1
                 self.finished += 1
+                self.log.done(rid)
         return Column("mixed", rids, len(rids), list(prefixes), begin, end, written, True, fresh)

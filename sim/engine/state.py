@@ -10,7 +10,7 @@ from collections import OrderedDict, defaultdict
 from dataclasses import replace
 
 from sim.engine.heap import Heap, NoHeap
-from sim.engine.kvcache import KVBuffers, write
+from sim.engine.kvcache import KVBuffers, RowsOnly, write
 from sim.engine.kvlimit import KVLimitRules, check_kv_fit
 from sim.engine.log import Call, Column, EventLog, RequestInfo, Stretch
 from sim.engine.memory import MemoryModel, PeakMemory
@@ -35,7 +35,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
     """
 
     def __init__(self, trace: Trace, heap: Heap | NoHeap | None = None, log: EventLog | None = None,
-                 memory: MemoryModel | None = None, kv_limit: int | None = None):
+                 memory: MemoryModel | None = None, kv_limit: int | None = None, counts: bool = True):
         """`heap`: the process's heap as this run finds it (after its warm-up: `sim.engine.heap`);
         `log`: where calls and tokens go (default a new `EventLog`; `sim.metrics.scored_log.ScoredLog`
         tallies a long run instead of keeping it); `memory`: the profile's memory model, whose
@@ -54,7 +54,8 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         # queue holds a million requests, most of the replay's time)
         self.queued: OrderedDict[str, RequestState] = OrderedDict()
         self.ready: dict[str, RequestState] = {}
-        self.kv = KVBuffers(heap=heap.copy() if heap is not None else Heap())  # the KV caches' buffers, the batch's rows
+        # the KV caches' buffers and the batch's rows; their sizes only where a price reads them (`counts`)
+        self.kv = (KVBuffers if counts else RowsOnly)(heap=heap.copy() if heap is not None else Heap())
         self.finished = 0
         self.arrived = 0
         self.log = EventLog() if log is None else log
@@ -111,6 +112,8 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         them are fresh memory (`sim.engine.kvcache`): (written, fresh) of the batch cache's rebuild (the
         sync: (0, 0) unless requests join or leave) and of the call itself."""
         kv = self.kv
+        if not kv.counts and isinstance(work, (Prefill, Decode, Mixed)):
+            return NONE, NONE  # sizes not followed: nothing a price reads (`RowsOnly`)
         if isinstance(work, Prefill):
             prefix = self.queued[work.rid].prefilled
             if not _grown(kv.own.get(work.rid, 0), prefix, work.tokens):
@@ -273,6 +276,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
                 self.kv.finish(rid)
                 self.kv_used -= s.req.prompt_len + s.generated - 1
                 self.finished += 1
+                self.log.done(s.req.id)
         self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, contexts,
                           joined, left, self.iteration, written, work.batched, fresh))
 
@@ -324,6 +328,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
                     done.append(s.req.id)
                     self.kv_used -= s.req.prompt_len + s.generated - 1
                     self.finished += 1
+                    self.log.done(s.req.id)
         for rid in done:  # at the stretch's last step: after every array its first step allocated
             self.kv.finish(rid)
         self.log.add_stretch(Stretch(tuple(columns), self.iteration))
@@ -350,6 +355,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
             self.kv.finish(s.rid)
             self.kv_used -= s.prefilled
             self.finished += 1
+            self.log.done(s.req.id)
         else:
             self.ready[s.rid] = s
 
@@ -361,6 +367,9 @@ class _NoLog:
         self.tokens = defaultdict(list)
 
     def add(self, call: Call) -> None:
+        pass
+
+    def done(self, rid: str) -> None:
         pass
 
 
