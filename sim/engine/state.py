@@ -182,7 +182,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         if not work.batched:
             rows = [kv.decode_one(r, self.ready[r].context - 1) for r in work.rids]
             return NONE, (sum(w for w, _ in rows), sum(f for _, f in rows))
-        return kv.decode_batch(work.rids, self.cached(work.rids))
+        return kv.decode_batch(work.rids, self.cached(work.rids) if kv.counts else {})
 
     def check(self, work: Work) -> None:
         """Raise EngineError if `work` cannot run now."""
