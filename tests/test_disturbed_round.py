@@ -1,7 +1,7 @@
 """A round another process slowed is timed again, a bounded number of times, and a round that
 stays slow is not fitted as if quiet: each point is then priced at its fastest round."""
 from calibrate.measure.grid import TINY
-from calibrate.measure.profiler import RETRIES, run_grid
+from calibrate.measure.profiler import RETRIES, point_time, run_grid
 
 
 def grid_run(tmp_path, slow_round: int, slow_tries: int, capsys):
@@ -29,6 +29,9 @@ def test_a_round_that_stays_slow_is_priced_at_the_fastest_round(tmp_path, capsys
     samples, visits, out = grid_run(tmp_path, slow_round=1, slow_tries=RETRIES, capsys=capsys)
     assert f"still ran 1.60x slower after {RETRIES} tries" in out.err + out.out
     assert all(s["seconds"] == 1.0 for s in samples) and max(visits.values()) == TINY.repeats + RETRIES
+    # the sample says so, and a refit (`calibrate.calibration.refitted`) prices it the same way
+    assert all(s["fastest"] and point_time(dict(s, times=[1.3, 1.2, 1.6])) == 1.2 for s in samples)
+    assert point_time({"times": [1.3, 1.2, 1.6]}) == 1.3  # a quiet point: the median
 
 
 def test_a_quiet_calibration_is_timed_once(tmp_path, capsys):

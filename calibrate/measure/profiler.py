@@ -286,12 +286,21 @@ def typical_time(times: list[float]) -> float:
     return statistics.median(times)
 
 
+def point_time(sample: dict) -> float:
+    """A grid sample's time from its rounds: `typical_time`, or the fastest round where a round
+    stayed disturbed after its retries (`run_grid`, the sample's `fastest`)."""
+    return min(sample["times"]) if sample.get("fastest") else typical_time(sample["times"])
+
+
 def combine(visits: list[dict], fastest: bool = False) -> dict:
     """One point's rounds as one sample: every timing, their typical time (`fastest`: the least,
     where a round stayed disturbed) and spread, the mean shape."""
     times = [v["seconds"] for v in visits]
     out = {k: v for k, v in visits[0].items() if k not in ("round", "retry")}
-    out.update(times=times, seconds=min(times) if fastest else typical_time(times), spread=max(times) - min(times))
+    if fastest:  # kept in the sample, so a refit prices it the same way (`point_time`)
+        out["fastest"] = True
+    out.update(times=times, spread=max(times) - min(times))
+    out["seconds"] = point_time(out)
     peaks = [v["peak_extra"] for v in visits if "peak_extra" in v]
     if peaks:  # the same shape allocates the same bytes each round; the median guards a stray one
         out["peak_extra"] = int(statistics.median(peaks))
@@ -307,5 +316,6 @@ def combine(visits: list[dict], fastest: bool = False) -> dict:
 def merge(old: list[dict], more: list[dict]) -> list[dict]:
     """`old` samples with the rounds of `more` (same keys) added to them."""
     extra = {s["key"]: s for s in more}
-    rounds = lambda s: [dict(s, seconds=t) for t in s["times"]]
+    # every round timed so far, typical again (`fastest` chose among the first rounds only)
+    rounds = lambda s: [dict({k: v for k, v in s.items() if k != "fastest"}, seconds=t) for t in s["times"]]
     return [combine(rounds(s) + rounds(extra[s["key"]])) if s.get("key") in extra else s for s in old]

@@ -248,7 +248,7 @@ def check_samples(w: Where, samples) -> None:
         for key in ("key", "source", "call", "bucket"):
             if key in s and not isinstance(s[key], str):
                 raise w.fail(f"{f}.{key}", f"must be a string, got {kind(s[key])}")
-        for key in ("batched", "single", "held_out"):
+        for key in ("batched", "single", "held_out", "fastest"):
             if key in s and not isinstance(s[key], bool):
                 raise w.fail(f"{f}.{key}", "must be true or false")
 
