@@ -31,6 +31,8 @@ SETTINGS = [
     {"policy": "chunked", "budget": 128, "batch_size": 8, "queue": "priority"},
     {"policy": "chunked", "budget": 128, "batch_size": 8, "kv_limit": 4096},
     {"policy": "mlx-lm", "prefill_step": 512, "prompt_concurrency": 4, "decode_concurrency": 8},
+    {"policy": "vllm", "max_num_batched_tokens": 256, "max_num_seqs": 8},
+    {"policy": "vllm", "max_num_batched_tokens": 512, "max_num_seqs": 8, "long_prefill_token_threshold": 128},
 ]
 
 

@@ -5,7 +5,10 @@ Runs a fixed set of commands through the CLI (the interface users have, so it ru
 revision): simulate and sweep every policy and option over the five generators and two public
 traces, on the built-in profile and on a stored CPU profile that prices page faults; confirm
 --rescore of a stored report; calibrate --refit of the stored profiles. Each output is read back,
-stripped of what differs from run to run (wall times, paths, creation stamps), and hashed.
+stripped of what differs from run to run (wall times, paths, creation stamps), and hashed: event
+logs' columns byte for byte, scored figures (results, metrics) to 12 significant digits, since a
+sum taken in another order (a batch of requests tallied at once) moves its last bits; a setting
+that does not apply (an empty column, a null) is left out, so a new policy's columns are not a change.
 
     python benchmarks/same_outputs.py record F.json   # digests of this revision
     python benchmarks/same_outputs.py check [F.json]  # compare with F (default: the committed one)
@@ -16,7 +19,9 @@ Takes about four minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -50,9 +55,10 @@ SETTINGS = ["fifo", "fifo:decode=single", "eager", "eager:batch_size=8,order=dec
             "chunked:budget=128,kv_limit=2600", "eager:kv_limit=2600,batch_size=8",
             "mlx-lm", "mlx-lm:prefill_step=64,prompt_concurrency=2,decode_concurrency=4"]
 NO_METILE = {"mlx-lm", "mlx-lm:prefill_step=64,prompt_concurrency=2,decode_concurrency=4"}  # prefilled requests
-# A replay follows fresh memory only where its profile prices it; the built-in profile prices
-# none, so its logs' count of fresh token-rows per call is not a prediction and is not compared.
-UNPRICED = {"builtin": ("call_fresh",), "cpu": ()}
+# A replay follows buffer sizes and fresh memory only where its profile prices them; the built-in
+# profile prices neither, so its logs' KV rows written and fresh per call are not predictions and
+# are not compared.
+UNPRICED = {"builtin": ("call_fresh", "call_written"), "cpu": ()}
 # what differs from run to run; and a results file's digests of its log files (each log file is
 # compared itself, less what `UNPRICED` leaves out)
 VOLATILE = {"wall_s", "created", "calibrate_s", "build_s", "_path", "elapsed_s", "digests"}
@@ -67,12 +73,22 @@ def pdsim(*args: str) -> None:
 def canonical(doc, tmp: str):
     """A JSON document without what changes from run to run; paths relative to their roots."""
     if isinstance(doc, dict):
-        return {k: canonical(v, tmp) for k, v in doc.items() if k not in VOLATILE}
+        return {k: canonical(v, tmp) for k, v in doc.items() if k not in VOLATILE and v is not None}
     if isinstance(doc, list):
         return [canonical(v, tmp) for v in doc]
     if isinstance(doc, str):
         return doc.replace(tmp, "<out>").replace(str(SHARED), "<shared>").replace(str(ROOT), "<root>")
+    if isinstance(doc, float):
+        return float(f"{doc:.12g}")
     return doc
+
+
+def csv_cell(cell: str) -> str:
+    """A results table's cell, a number to 12 significant digits (`canonical`)."""
+    try:
+        return f"{float(cell):.12g}" if any(c in cell for c in ".eE") else cell
+    except ValueError:
+        return cell
 
 
 def digest(path: Path, tmp: str, skip: tuple[str, ...] = ()) -> str:
@@ -87,6 +103,11 @@ def digest(path: Path, tmp: str, skip: tuple[str, ...] = ()) -> str:
                 h.update(k.encode() + data)
     elif path.suffix == ".json":
         h.update(json.dumps(canonical(json.loads(path.read_text()), tmp), sort_keys=True).encode())
+    elif path.suffix == ".csv":
+        rows = list(csv.reader(io.StringIO(path.read_text())))
+        kept = [j for j in range(len(rows[0])) if any(r[j] for r in rows[1:])] if rows else []
+        for row in rows:
+            h.update(",".join(csv_cell(row[j]) for j in kept).encode() + b"\n")
     else:
         h.update(path.read_bytes())
     return h.hexdigest()

@@ -20,7 +20,7 @@ from calibrate.measure.engine_runs import (
 )
 from calibrate.measure.grid import Grid
 from calibrate.measure.journal import Journal
-from calibrate.measure.profiler import merge, run_grid, typical_time
+from calibrate.measure.profiler import merge, point_time, run_grid
 from calibrate.measure.speed_probe import dear_page_seconds, reference_probes, timed_in_place
 from calibrate.measure.worker import warmed_with
 from calibrate.mlxlm_calibration import refit_mlx_lm
@@ -168,7 +168,7 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
     has their samples derived again (`engine_samples`)."""
     if prof.get("engine") == "mlx-lm":
         return refit_mlx_lm(prof, seed)
-    samples = [dict(s, seconds=typical_time(s["times"])) if "source" not in s and len(s.get("times") or ()) > 1
+    samples = [dict(s, seconds=point_time(s)) if "source" not in s and len(s.get("times") or ()) > 1
                else s for s in samples]  # a grid point's time from its rounds by today's rule
     if prof.get("engine_runs"):  # in the order calibrate writes them: grid, engine runs, then any others
         engine = lambda s: s.get("source", "").startswith(("engine:", HELD_OUT))

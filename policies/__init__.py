@@ -18,11 +18,13 @@ from policies.mlxlm import MODELLED, MlxLm
 from policies.options import NAMES as PDSIM_OPTIONS
 from policies.options import Options
 from policies.queue import DEFAULT_AGING_S, QUEUES
+from policies.vllm import DEFAULTS as VLLM_DEFAULTS, Vllm
 
 
 class PolicyInfo(NamedTuple):
-    """A policy's one-line description, the engine whose calls it asks for, its factory (from its
-    given options and the run's cost model), and the options its loop reads."""
+    """A policy's one-line description, whose calls it asks for (pdsim's prefills and decodes,
+    mlx-lm's BatchGenerator's, vLLM's mixed forwards), its factory (from its given options and the
+    run's cost model), and the options its loop reads."""
     doc: str
     engine: str
     build: Callable[[dict, object], Policy]
@@ -50,6 +52,16 @@ def _mlx_lm(o: dict, cost) -> MlxLm:
     return MlxLm(**{k: v for k, v in o.items() if k in MLX_LM_DEFAULTS})
 
 
+def _vllm(o: dict, cost) -> Vllm:
+    """vLLM's scheduler: its own three options and a KV limit; FCFS, fixed budgets."""
+    if is_adaptive(Options(budget=o.get("budget")).budget, o.get("idle_budget")):
+        raise PolicyError("policy 'vllm' takes no budget auto:MS or idle_budget whole: its token budget is "
+                          "--max-num-batched-tokens")
+    if o.get("queue", "fcfs") != "fcfs":
+        raise PolicyError(f"vllm: queue must be fcfs, got {o['queue']!r} (pdsim models vLLM's FCFS scheduler)")
+    return Vllm(**{k: v for k, v in o.items() if k in VLLM_DEFAULTS or k == "kv_limit"})
+
+
 POLICIES = {
     "fifo": PolicyInfo("one request at a time: its whole prefill, then all its decodes (the meTile FIFO reference)",
                        "pdsim", lambda o, cost: Fifo(Options(**o)), ("decode", "kv_limit", "queue", "aging_s")),
@@ -63,8 +75,12 @@ POLICIES = {
     "mlx-lm": PolicyInfo("mlx-lm's BatchGenerator (mlx_lm.server): one step of the generation batch, then up to "
                          "`prompt_concurrency` prompts prefilled together, `prefill_step` tokens each per call",
                          "mlx-lm", _mlx_lm, tuple(MLX_LM_DEFAULTS)),
+    "vllm": PolicyInfo("vLLM v1's scheduler (vLLM, vllm-metal): one forward per iteration over every running "
+                       "decode and the prompt tokens `max_num_batched_tokens` leaves, running requests first",
+                       "vllm", _vllm, (*VLLM_DEFAULTS, "kv_limit")),
 }
 MLX_LM_OPTIONS = tuple(MLX_LM_DEFAULTS)  # mlx-lm's own; no other policy's
+VLLM_OPTIONS = tuple(VLLM_DEFAULTS)  # vLLM's own
 
 OPTION_HELP = {
     "budget": "prompt tokens per iteration (chunked; fifo and eager prefill whole prompts), or auto:MS: each "
@@ -91,6 +107,11 @@ OPTION_HELP = {
                           f"{MLX_LM_DEFAULTS['prompt_concurrency']})",
     "decode_concurrency": f"mlx-lm only: requests generating at once; raised to at least prompt_concurrency "
                           f"(--decode-concurrency, default {MLX_LM_DEFAULTS['decode_concurrency']})",
+    "max_num_batched_tokens": f"vllm only: tokens one forward may run, decodes and prompt chunks together "
+                              f"(vLLM's --max-num-batched-tokens, default {VLLM_DEFAULTS['max_num_batched_tokens']})",
+    "max_num_seqs": f"vllm only: requests running at once (--max-num-seqs, default {VLLM_DEFAULTS['max_num_seqs']})",
+    "long_prefill_token_threshold": "vllm only: a prompt row takes at most this many tokens per forward; 0: no cap "
+                                    "(--long-prefill-token-threshold, default 0)",
 }
 
 
@@ -102,18 +123,19 @@ def make(policy: str, budget=None, batch_size=None, decode=None, order=None, *, 
     ignore it."""
     if policy not in POLICIES:
         raise PolicyError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
-    unknown = [k for k in options if k not in PDSIM_OPTIONS + MLX_LM_OPTIONS]
+    known = PDSIM_OPTIONS + MLX_LM_OPTIONS + VLLM_OPTIONS
+    unknown = [k for k in options if k not in known]
     if unknown:
-        raise PolicyError(f"unknown policy option {unknown[0]!r}; known: {', '.join(PDSIM_OPTIONS + MLX_LM_OPTIONS)}")
+        raise PolicyError(f"unknown policy option {unknown[0]!r}; known: {', '.join(known)}")
     options |= {"budget": budget, "batch_size": batch_size, "decode": decode, "order": order}
     given = {k: v for k, v in options.items() if v is not None}
     info = POLICIES[policy]
-    if info.engine == "pdsim":
-        foreign = [k for k in given if k in MLX_LM_OPTIONS]
+    for owner, own in (("mlx-lm", MLX_LM_OPTIONS), ("vllm", VLLM_OPTIONS)):
+        foreign = [k for k in given if k in own] if policy != owner else []
         if foreign:
-            raise PolicyError(f"policy {policy!r} takes no {', '.join(foreign)} (options of mlx-lm)")
+            raise PolicyError(f"policy {policy!r} takes no {', '.join(foreign)} (options of {owner})")
     return info.build(given, cost)
 
 
-__all__ = ["DEFAULT_AGING_S", "MLX_LM_OPTIONS", "OPTION_HELP", "POLICIES", "QUEUES", "Options", "Policy", "PolicyError",
+__all__ = ["DEFAULT_AGING_S", "MLX_LM_OPTIONS", "VLLM_OPTIONS", "OPTION_HELP", "POLICIES", "QUEUES", "Options", "Policy", "PolicyError",
            "PolicyInfo", "make"]

@@ -17,6 +17,7 @@ from policies import PolicyError
 from policies.budget import check_idle_budget, is_adaptive, parse_budget
 from policies.mlxlm import DEFAULTS as MLX_LM_DEFAULTS
 from policies.options import DEFAULTS
+from policies.vllm import DEFAULTS as VLLM_DEFAULTS
 from sim.core.errors import InputError
 from sim.engine.memory import parse_kv_limit
 
@@ -24,11 +25,12 @@ DEFAULT_AGING_S = DEFAULTS["aging_s"]
 # the value an option takes in a policy that does not read it
 UNUSED = {"budget": None, "batch_size": 1, "decode": "batched", "order": "chunk-first", "idle_budget": "budget",
           "queue": "fcfs", "aging_s": DEFAULT_AGING_S,
-          **{k: None for k in MLX_LM_DEFAULTS}}  # (a KV limit is never dropped: mlx-lm refuses one)
+          **{k: None for k in MLX_LM_DEFAULTS}, **{k: None for k in VLLM_DEFAULTS}}  # (a KV limit is never dropped)
 # keys a setting's dict holds only when they differ from the default, so the dicts (and confirm
 # manifests, results files) of settings that do not use them are what they were before them
 SPARSE = {"idle_budget": "budget", "kv_limit": None}
-KEYS = ("policy", *DEFAULTS, *MLX_LM_DEFAULTS)
+KEYS = ("policy", *DEFAULTS, *MLX_LM_DEFAULTS, *VLLM_DEFAULTS)
+OWN_DEFAULTS = {**MLX_LM_DEFAULTS, **VLLM_DEFAULTS}  # options of one policy each (mlx_lm.server's, vLLM's flags)
 PDSIM_KEYS = ("budget", "batch_size", "decode", "order")  # in every pdsim setting's dict; the queue's when not fcfs
 
 
@@ -47,13 +49,16 @@ class Setting:
     prompt_concurrency: int | None = None
     decode_concurrency: int | None = None
     idle_budget: str = DEFAULTS["idle_budget"]
+    max_num_batched_tokens: int | None = None  # vLLM's three: None takes `VLLM_DEFAULTS`
+    max_num_seqs: int | None = None
+    long_prefill_token_threshold: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.budget, str):  # "auto:40.0" is auto:40; "32" (a table cell) is 32
             object.__setattr__(self, "budget", parse_budget(self.budget))
         if not isinstance(self.idle_budget, str):  # a table cell with no value
             object.__setattr__(self, "idle_budget", check_idle_budget(None))
-        for key in ("budget", "batch_size", *MLX_LM_DEFAULTS):  # from a table row: 32.0 is 32, NaN is no value
+        for key in ("budget", "batch_size", *OWN_DEFAULTS):  # from a table row: 32.0 is 32, NaN is no value
             v = getattr(self, key)
             if isinstance(v, float) or hasattr(v, "item"):
                 v = float(v)
@@ -69,8 +74,8 @@ class Setting:
         for key, value in UNUSED.items():
             if key not in uses:
                 object.__setattr__(self, key, value)
-            elif getattr(self, key) is None and key in MLX_LM_DEFAULTS:
-                object.__setattr__(self, key, MLX_LM_DEFAULTS[key])
+            elif getattr(self, key) is None and key in OWN_DEFAULTS:
+                object.__setattr__(self, key, OWN_DEFAULTS[key])
         if self.queue is None or (not isinstance(self.queue, str) and self.queue != self.queue):  # a row before queues
             object.__setattr__(self, "queue", "fcfs")
         a = self.aging_s  # seconds, a float (60 and 60.0 are one setting); NaN or None from a table row: the default
@@ -102,6 +107,8 @@ class Setting:
         resumes unchanged)."""
         if self.policy == "mlx-lm":
             keys = ("policy", *MLX_LM_DEFAULTS)
+        elif self.policy == "vllm":
+            keys = ("policy", *VLLM_DEFAULTS, "kv_limit")
         else:
             keys = ("policy", *PDSIM_KEYS, *(("queue", "aging_s") if self.queue != "fcfs" else ()), *SPARSE)
         return {k: getattr(self, k) for k in keys if k not in SPARSE or getattr(self, k) != SPARSE[k]}
@@ -109,8 +116,8 @@ class Setting:
     @property
     def label(self) -> str:
         """`chunked/b128/bs4`, `chunked/auto:40/bs4/idle-whole`, `eager/bs4/decode-first`, `fifo/single`,
-        `chunked/b64/bs4/priority`, `fifo/sjf/age60s`, `mlx-lm/s512/p4/d32`: the options the policy
-        reads, those at their defaults left out."""
+        `chunked/b64/bs4/priority`, `fifo/sjf/age60s`, `mlx-lm/s512/p4/d32`, `vllm/t512/s8/thr256`:
+        the options the policy reads, those at their defaults left out."""
         budget = [] if self.budget is None else [self.budget] if isinstance(self.budget, str) else [f"b{self.budget}"]
         return "/".join([self.policy, *budget, *self.variant_parts()])
 
@@ -119,6 +126,10 @@ class Setting:
         and aging bound; for mlx-lm its step, prompt and decode concurrency (mlx_lm.server's flags)."""
         if self.policy == "mlx-lm":
             return [f"s{self.prefill_step}", f"p{self.prompt_concurrency}", f"d{self.decode_concurrency}"]
+        if self.policy == "vllm":
+            parts = [f"t{self.max_num_batched_tokens}", f"s{self.max_num_seqs}"]
+            parts += [f"thr{self.long_prefill_token_threshold}"] if self.long_prefill_token_threshold else []
+            return parts + ([f"kv{self.kv_limit}"] if self.kv_limit is not None else [])
         parts = [f"bs{self.batch_size}"] if "batch_size" in policies.POLICIES[self.policy].uses else []
         if self.decode != "batched":
             parts.append(self.decode)
@@ -157,7 +168,9 @@ def grid_settings(policy_names: Iterable[str], budgets: Iterable[int | None] = (
                   prompt_concurrencies: Iterable[int | None] = (None,),
                   decode_concurrencies: Iterable[int | None] = (None,),
                   idle_budgets: Iterable[str] = ("budget",),
-                  kv_limits: Iterable[int | str | None] = (None,)) -> list[dict]:
+                  kv_limits: Iterable[int | str | None] = (None,),
+                  max_num_batched_tokens: Iterable[int | None] = (None,), max_num_seqs: Iterable[int | None] = (None,),
+                  long_prefill_token_thresholds: Iterable[int | None] = (None,)) -> list[dict]:
     """Every combination of the options, each distinct setting once (`unique`): mlx-lm's options do
     not multiply the other policies, nor theirs mlx-lm; aging bounds do not multiply fcfs. An
     adaptive budget (`auto:MS`, idle_budget whole) in a grid where no policy reads a budget is
@@ -172,10 +185,11 @@ def grid_settings(policy_names: Iterable[str], budgets: Iterable[int | None] = (
                           "budgets apply to chunked")
     return unique({"policy": p, "budget": b, "batch_size": bs, "decode": d, "order": o, "queue": q, "aging_s": a,
                    "prefill_step": st, "prompt_concurrency": pc, "decode_concurrency": dc, "idle_budget": ib,
-                   "kv_limit": kv}
-                  for p, b, bs, d, o, q, a, st, pc, dc, ib, kv in itertools.product(
+                   "kv_limit": kv, "max_num_batched_tokens": t, "max_num_seqs": ns, "long_prefill_token_threshold": th}
+                  for p, b, bs, d, o, q, a, st, pc, dc, ib, kv, t, ns, th in itertools.product(
                       policy_names, budgets, batch_sizes, decodes, orders, queues, agings, prefill_steps,
-                      prompt_concurrencies, decode_concurrencies, idle_budgets, kv_limits))
+                      prompt_concurrencies, decode_concurrencies, idle_budgets, kv_limits, max_num_batched_tokens,
+                      max_num_seqs, long_prefill_token_thresholds))
 
 
 def unique(settings: Iterable["Setting | Mapping"]) -> list[dict]:

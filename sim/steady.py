@@ -12,6 +12,7 @@ It applies only to policies that declare `steady = True` (see `policies.base.Pol
 """
 from __future__ import annotations
 
+import sys
 from bisect import bisect_left
 from itertools import accumulate, chain
 
@@ -19,7 +20,7 @@ from sim.cost.model import CostModel
 from sim.cost.price import call_costs
 from sim.engine.kvcache import write
 from sim.engine.state import EngineState
-from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
+from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
 
 
 def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
@@ -36,6 +37,8 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
         return 0  # its chunks change from one iteration to the next (an `auto` budget)
     if any(isinstance(w, (JoinPrompt, BatchPrefill, FirstForward, Generate)) for w in work):
         return _generate_steps(state, work)
+    if any(isinstance(w, Mixed) for w in work):
+        return _mixed_steps(state, work)
     steps, seen = None, set()
     for w in work:
         if isinstance(w, Prefill):
@@ -43,7 +46,7 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
             if s is None or w.rid in seen or w.tokens < 1:
                 return 0  # let the call-by-call path report the policy's mistake
             n = (s.prefill_left - 1) // w.tokens  # full chunks that leave the prompt unfinished
-            n = min(n, _fits(state.kv.own.get(w.rid, 0), s.prefilled, w.tokens))
+            n = min(n, _room(state, state.kv.own.get(w.rid, 0), s.prefilled, w.tokens))
             seen.add(w.rid)
         else:
             if not w.rids or any(rid in seen or rid not in state.ready or state.ready[rid].generated == 1
@@ -53,9 +56,9 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
             if w.batched:
                 if w.rids != state.kv.rows:
                     return 0  # the batch cache is rebuilt first: a sync call, logged call by call
-                n = min(n, _fits(state.kv.cap, state.kv.idx, 1))
+                n = min(n, _room(state, state.kv.cap, state.kv.idx, 1))
             else:
-                n = min([n] + [_fits(state.kv.own.get(r, 0), state.ready[r].context - 1, 1) for r in w.rids])
+                n = min([n] + [_room(state, state.kv.own.get(r, 0), state.ready[r].context - 1, 1) for r in w.rids])
             seen.update(w.rids)
         steps = n if steps is None else min(steps, n)
     if steps and state.kv_limit is not None:  # the iterations whose tokens fit the KV limit (`sim.engine.kvlimit`)
@@ -85,6 +88,25 @@ def _generate_steps(state: EngineState, work: list[Work]) -> int:
     return min(n, _fits(state.kv.gen.cap, state.kv.gen.idx, 1))
 
 
+def _mixed_steps(state: EngineState, work: list[Work]) -> int:
+    """vLLM's: a forward of decode rows only, with no request waiting (it might be admitted),
+    repeats until the first row's last token, or before a row's buffer would grow after the
+    first forward, or where the KV limit stops it; forwards with prompt rows run one by one."""
+    if len(work) != 1 or state.queued or any(rid not in state.ready or n != 1 for rid, n in work[0].rows):
+        return 0
+    ready = state.ready
+    n = min(ready[rid].output_left for rid, _ in work[0].rows)
+    n = min([n] + [_room(state, state.kv.own.get(rid, 0), ready[rid].context - 1, 1) for rid, _ in work[0].rows])
+    if state.kv_limit is not None:
+        n = min(n, (state.kv_limit - state.kv_used) // len(work[0].rows))
+    return n
+
+
+def _room(state: EngineState, cap: int, idx: int, n: int) -> int:
+    """`_fits`, where the state follows buffer sizes; without them (`RowsOnly`) no growth ends a stretch."""
+    return _fits(cap, idx, n) if state.kv.counts else sys.maxsize
+
+
 def _fits(cap: int, idx: int, n: int) -> int:
     """Iterations of n-token writes from `idx` in which no buffer grows after the first (>= 1)."""
     cap = write(cap, idx, n)[0]  # the first may grow it
@@ -105,6 +127,10 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
     for w in work:
         if isinstance(w, Generate):
             costs = cost.generate_steps([state.ready[rid].context for rid in w.rids], steps).tolist()
+        elif isinstance(w, Mixed):
+            _, prefixes, _ = state.mixed_shape(w)
+            ones = (1,) * len(prefixes)
+            costs = [cost.mixed(ones, [p + j for p in prefixes]) for j in range(steps)]
         elif isinstance(w, Prefill):
             costs = cost.prefill_steps(w.tokens, state.queued[w.rid].prefilled, steps).tolist()
         else:

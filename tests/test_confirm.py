@@ -208,16 +208,18 @@ def test_confirm_refuses_mismatched_profile_and_long_trace(profile, tmp_path):
 
 
 def test_tune_runs_the_whole_loop(profile, tmp_path):
-    """The main job end to end on qwen3-tiny: sweep, pick, confirm on the real engine, report."""
+    """The main job end to end on qwen3-tiny: the capacity question, the pick confirmed on the real
+    engine at its capacity, report."""
     out = tmp_path / "tune"
     code, stdout, err = pdsim("tune", "--model", "qwen3-tiny", "--profile", str(profile), "--repeats", "1",
                               "-o", str(out))
     assert code == 0, err
-    assert "[4/4] report" in stdout
-    sweep = json.loads((out / "sweep" / "results.json").read_text())
-    best = sweep["picks"][0]["best"]
+    assert "[4/4] report" in stdout and "pick:" in stdout
+    capacity = json.loads((out / "capacity" / "capacity.json").read_text())
+    best = capacity["pick"]
     report = json.loads((out / "confirm.json").read_text())
     assert report["results"][0]["label"] == best and report["gate"]["ok"]
+    assert report["trace"]["meta"].get("rate_scale") == capacity["settings"][0]["capacity_scale"]
     assert (out / "report" / "report.html").stat().st_size > 10_000
     assert report["results"][0]["calls"]
     assert "Per-call predicted/measured" in (out / "report" / "report.html").read_text()

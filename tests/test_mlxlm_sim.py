@@ -79,7 +79,7 @@ def test_invariants(trace, opts, cost):
     assert all(0 <= c.fresh <= c.written for c in log.calls)
     # deterministic, and the measured-log path (relog) derives the same log from the calls alone
     assert simulate(trace, policies.make("mlx-lm", **opts), cost).to_dict() == log.to_dict()
-    again = relog(trace, log, cost.fresh_heap())  # the heap only where the profile prices fresh memory
+    again = relog(trace, log, cost.fresh_heap(), counts=cost.prices_kv)  # the heap only where the profile prices fresh memory
     assert again.calls == log.calls and again.tokens == log.tokens
     m = score(log)
     assert m["completed"] == len(trace.requests)

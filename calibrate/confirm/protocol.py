@@ -19,7 +19,7 @@ import policies
 from calibrate.confirm.runs import RunsFolder, finished_run, model_spec, runs_manifest
 from calibrate.confirm.score import compare
 from calibrate.engine.executor import prompt_tokens
-from calibrate.engine.gate import chunked_logits_match, tolerance
+from calibrate.engine.gate import chunked_logits_match, mixed_logits_match, tolerance
 from calibrate.engine.model import build_as_profiled
 from calibrate.host.machine import host_info
 from calibrate.measure.speed_probe import probe_engine
@@ -99,8 +99,9 @@ def gate(prof: dict, trace: Trace, settings: list[dict], engine: str = "pdsim") 
     cost = cost_model(prof)
     outs = [real.run(short, policies.make(**s, cost=cost)).outputs for s in settings]
     same = all(o == outs[0] for o in outs)
-    return {"logits": logits, "greedy_tokens_identical": same,
-            "ok": same and all(g["ok"] for g in logits)}
+    mixed = [mixed_logits_match(lm, tol)] if any(s["policy"] == "vllm" for s in settings) else []
+    return {"logits": logits, "greedy_tokens_identical": same, **({"mixed": mixed[0]} if mixed else {}),
+            "ok": same and all(g["ok"] for g in logits + mixed)}
 
 
 def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup: int, cooldown: float,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from calibrate.engine.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
+from calibrate.engine.mixed import mixed_forward
 from calibrate.engine.model import LoadedModel, reset_peak
 from policies.base import Policy
 from sim.engine.heap import Heap
@@ -27,7 +28,7 @@ from sim.engine.log import EventLog
 from sim.engine.memory import kv_bytes_per_token
 from sim.engine.requests import Freed
 from sim.engine.state import EngineState
-from sim.engine.work import BatchPrefill, Decode, EngineError, FirstForward, Generate, JoinPrompt, Prefill, Work
+from sim.engine.work import BatchPrefill, Decode, EngineError, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
 from traces.trace import Request, Trace
 
 
@@ -118,6 +119,9 @@ class RealEngine:
 
     def _run(self, work: Work, state: EngineState, clock) -> float | None:
         """Run one call; for a batched decode, the clock when the batch cache's sync ended."""
+        if isinstance(work, Mixed):
+            self._run_mixed(work, state)
+            return None
         if not isinstance(work, (Prefill, Decode)):
             self._run_mlx_lm(work, state)
             return None
@@ -145,6 +149,24 @@ class RealEngine:
         for rid, tok in zip(work.rids, tokens):
             self.outputs[rid].append(tok)
         return synced
+
+    def _run_mixed(self, work: Mixed, state: EngineState) -> None:
+        """vLLM's one forward (`calibrate.engine.mixed`): each row's tokens on its own cache; a row
+        that completes a prompt (not a recompute) gives the first token, a decode row the next."""
+        rows, emits = [], []
+        for rid, n in work.rows:
+            if rid in state.ready:
+                rows.append([self.outputs[rid][-1]])
+                emits.append(True)
+                continue
+            s = state.queued[rid]
+            seq = self.prompts[rid] + (self.outputs[rid][:s.generated - 1] if s.generated else [])
+            rows.append(seq[s.prefilled:s.prefilled + n])
+            emits.append(n == s.prefill_left and not s.generated)
+        caches = [self.caches.setdefault(rid, new_cache(self.lm)) for rid, _ in work.rows]
+        for (rid, _), emit, (token, _) in zip(work.rows, emits, mixed_forward(self.lm, caches, rows)):
+            if emit:
+                self.outputs[rid].append(token)
 
     def _count_faults(self, log: EventLog, before: int, faults: int, synced: bool) -> None:
         """The faults of the calls an item just logged: a sync's and its step's apart (the state
@@ -177,9 +199,10 @@ class RealEngine:
 
     def _free_finished(self, work: Work, state: EngineState) -> None:
         """Drop finished requests' own caches (the batch filters them out at its next change)."""
-        if not isinstance(work, (Prefill, Decode)):
+        if not isinstance(work, (Prefill, Decode, Mixed)):
             return
-        rids = (work.rid,) if isinstance(work, Prefill) else work.rids
+        rids = (work.rid,) if isinstance(work, Prefill) else tuple(r for r, _ in work.rows) \
+            if isinstance(work, Mixed) else work.rids
         for rid in rids:
             if rid not in state.queued and rid not in state.ready:
                 self.caches.pop(rid, None)

@@ -1,9 +1,11 @@
 """The correctness gate run before any timing: chunking must not change what the model computes."""
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 
-from calibrate.engine.kernels import new_cache, prefill_chunk
+from calibrate.engine.kernels import _head, _hidden, new_cache, prefill_chunk
+from calibrate.engine.mixed import mixed_forward
 from calibrate.engine.model import LoadedModel
 
 RTOL = ATOL = 1e-3  # float32 arithmetic
@@ -15,7 +17,6 @@ def matmul_rel_error(n: int = 256) -> float:
     """How far this device's float32 matrix product lands from float64's, relative: what tells
     true float32 arithmetic from TF32, which an H200 runs for float32 (1.6e-3 logit differences
     between a chunked and a one-shot prefill of the same prompt, where a CPU shows 1e-5)."""
-    import mlx.core as mx
     a, b = np.random.default_rng(0).standard_normal((2, n, n)).astype(np.float32)
     out = np.array(mx.array(a) @ mx.array(b)).astype(np.float64)
     ref = a.astype(np.float64) @ b.astype(np.float64)
@@ -36,3 +37,25 @@ def chunked_logits_match(lm: LoadedModel, prompt: list[int], budget: int, tol: f
     a, b = np.array(one_shot), np.array(chunked)
     return {"budget": budget, "prompt_len": len(prompt), "max_abs_diff": float(np.abs(a - b).max()),
             "tolerance": tol, "ok": bool(np.allclose(b, a, rtol=tol, atol=tol)), "same_token": int(a.argmax()) == token}
+
+
+def mixed_logits_match(lm: LoadedModel, tol: float = RTOL, seed: int = 0) -> dict:
+    """vLLM's one forward (`calibrate.engine.mixed`) against the same rows run apart: a decode
+    row of a request 20 tokens in, a whole 13-token prompt, and the second chunk of a prompt
+    whose first 9 tokens are cached; each row's last-position logits within `tol`."""
+    rng = np.random.default_rng(seed)
+    a, b, c = (rng.integers(0, lm.vocab_size, n).tolist() for n in (20, 13, 16))
+
+    def caches():
+        ca, cb, cc = new_cache(lm), new_cache(lm), new_cache(lm)
+        token, _ = prefill_chunk(lm, ca, a)
+        prefill_chunk(lm, cc, c[:9])
+        return ca, cb, cc, token
+    ca, cb, cc, token = caches()
+    mixed = [np.array(logits) for _, logits in mixed_forward(lm, [ca, cb, cc], [[token], b, c[9:]])]
+    ca, cb, cc, token = caches()
+    apart = [np.array(_head(lm, _hidden(lm, mx.array([[token]], dtype=mx.int32), ca)[0, -1])),
+             np.array(prefill_chunk(lm, cb, b)[1]), np.array(prefill_chunk(lm, cc, c[9:])[1])]
+    diff = max(float(np.abs(x - y).max()) for x, y in zip(mixed, apart))
+    return {"rows": 3, "max_abs_diff": diff, "tolerance": tol,
+            "ok": all(np.allclose(x, y, rtol=tol, atol=tol) for x, y in zip(mixed, apart))}

@@ -117,3 +117,16 @@ def is_single(s: dict) -> bool:
 def context_max(s: dict) -> float:
     return s["context_max"] if "context_max" in s else s["context_sum"] / s["batch"]
 HELD_OUT = "held-out:"  # the source of engine-run calls that are never fitted, only priced
+ENGINE_CHOICE = 8  # engine-run samples needed to choose form or grid on them
+
+
+def choose_use(samples: list[dict], cv_form: np.ndarray, cv_grid: np.ndarray) -> str:
+    """"grid" where interpolating predicts better than the form, each sample held out in turn:
+    judged on the calls the engine runs made (unaligned chunks, joins, growth), which the grid's
+    aligned points cannot show; profiles without engine runs judge on the grid's points, and
+    interpolate only where the form misses the target there."""
+    engine = np.array(["source" in s for s in samples])
+    if engine.sum() >= ENGINE_CHOICE:
+        return "grid" if cv_grid[engine].mean() < cv_form[engine].mean() else "fit"
+    form, grid = cv_form[~engine].mean(), cv_grid[~engine].mean()
+    return "grid" if form > TARGET and grid < form else "fit"

@@ -8,7 +8,7 @@ the engine runs) are fitted first and price the KV token-rows every other call w
 Errors are reported two ways: on a seeded quarter of the points per step held out from one fit,
 and by 4-fold cross-validation (every point held out once; a steadier figure than a handful of
 points); both hold points out stratified by measured size. Each step uses interpolation over the
-grid instead of the form where that predicts the engine runs' calls better (`_choose`).
+grid instead of the form where that predicts the engine runs' calls better (`choose_use`).
 """
 from __future__ import annotations
 
@@ -18,17 +18,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from calibrate.fit.common import (FOLDS, HELD_OUT, TARGET, best_tile, context_max, grid_sizes, is_single, knot_of, knot_sizes,
-                                   nnls, noise_of, remainder_terms, repeat_noise, size_folds, speed_by_round)
-from calibrate.fit.copies import (
-    Copies,
-    copy_terms,
-    fit_copies,
-    fit_copy,
-    is_single_growth,
-    is_step_growth_sample,
-    kv_seconds,
-)
+from calibrate.fit.common import (FOLDS, HELD_OUT, TARGET, best_tile, choose_use, context_max, grid_sizes, is_single, knot_of,
+                                   knot_sizes, nnls, noise_of, remainder_terms, repeat_noise, size_folds, speed_by_round)
+from calibrate.fit.copies import (Copies, copy_terms, fit_copies, fit_copy, is_single_growth,
+                                   is_step_growth_sample, kv_seconds)
+from calibrate.fit.mixed import fit_mixed
 from sim.core.errors import InputError
 from sim.cost.curve import Curve
 from sim.cost.model import DECODE_FORM, PREFILL_FORM, GridCostModel, LinearCostModel
@@ -248,6 +242,8 @@ def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -
     Profiles from before syncs were timed apart fit those prices with the decode form."""
     held_runs = [s for s in samples if s.get("source", "").startswith(HELD_OUT)]
     samples = [s for s in samples if not s.get("source", "").startswith(HELD_OUT)]
+    mixed = [s for s in samples if s["step"] == "mixed"], [s for s in held_runs if s["step"] == "mixed"]
+    held_runs = [s for s in held_runs if s["step"] != "mixed"]
     by_step = {st: [s for s in samples if s["step"] == st] for st in ("sync", "decode", "prefill")}
     if not by_step["sync"]:
         del by_step["sync"]
@@ -279,7 +275,7 @@ def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -
                         "repeat_noise": repeat_noise(pts)}
         if step != "sync":
             order = [pts[i] for f in folds for i in sorted(f)]  # the samples in cv_form's order
-            uses[step] = _choose(order, cv_form, cv_grid)
+            uses[step] = choose_use(order, cv_form, cv_grid)
             errors[step].update({"grid_mean": float(e_grid.mean()), "grid_max": float(e_grid.max()),
                                  "cv_grid_mean": float(cv_grid.mean()), "cv_grid_max": float(cv_grid.max()),
                                  "use": uses[step], **({"tile": tile} if step == "prefill" else {})})
@@ -327,22 +323,10 @@ def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -
     fit |= noise_of(samples, fit["speed_by_round"])
     if held_runs:
         fit["replay"] = replay_errors(held_runs, forms)
+    if fused := fit_mixed(*mixed, copies, seed):  # vLLM's forwards (`calibrate.fit.mixed`)
+        cost["mixed"], errors["mixed"] = fused["cost"], fused["errors"]
+        fit.setdefault("replay", {})["mixed"] = fused.get("replay")
     return {"cost": cost, "fit": fit}
-
-
-ENGINE_CHOICE = 8  # engine-run samples needed to choose form or grid on them
-
-
-def _choose(samples: list[dict], cv_form: np.ndarray, cv_grid: np.ndarray) -> str:
-    """"grid" where interpolating predicts better than the form, each sample held out in turn:
-    judged on the calls the engine runs made (unaligned chunks, joins, growth), which the grid's
-    aligned points cannot show; profiles without engine runs judge on the grid's points, and
-    interpolate only where the form misses the target there."""
-    engine = np.array(["source" in s for s in samples])
-    if engine.sum() >= ENGINE_CHOICE:
-        return "grid" if cv_grid[engine].mean() < cv_form[engine].mean() else "fit"
-    form, grid = cv_form[~engine].mean(), cv_grid[~engine].mean()
-    return "grid" if form > TARGET and grid < form else "fit"
 
 
 def replay_errors(calls: list[dict], forms: dict[str, Form]) -> dict:

@@ -58,7 +58,8 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
     request's own cache growing once, the second while the first's grown cache is held
     (`grow_single`: meTile's paid 100-980 us a row, where the batch cache's growths cost 50-300);
     `held_out`: another seed, another budget, half the batch (one run: a calibration must fit in
-    10 minutes, and the eager one timed the same calls again)."""
+    10 minutes, and the eager one timed the same calls again); and vLLM's scheduler on another
+    seed, whose mixed forwards the grid's (`Grid.fused`) price."""
     def staggered(n, seed):
         rng = random.Random(seed)
         return fixed([0.0] * n, [rng.randint(9, max_prompt) for _ in range(n)], [n + 1 + i for i in range(n)],
@@ -77,7 +78,9 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
                   Workload("single-growth", fixed([0.0] * 3, [top - j for j in range(3)], [5, 5, 4],
                                                   14, vocab), {"policy": "eager", "batch_size": 3, "decode": "single"})],
         "held_out": [Workload("chunked-held-out", spread(half + 2, 21, 1.5),
-                              {"policy": "chunked", "budget": 40, "batch_size": half})],
+                              {"policy": "chunked", "budget": 40, "batch_size": half}),
+                     Workload("vllm-held-out", spread(half + 2, 22, 1.5),  # vLLM's forwards, never fitted
+                              {"policy": "vllm", "max_num_batched_tokens": 56, "max_num_seqs": half})],
     }
 
 
@@ -122,6 +125,8 @@ def call_sample(c: Call, source: str, faults: int | None = None) -> dict:
                     first=c.kind == "first", joined=c.joined, left=c.left)
     if c.kind == "prefill":
         return dict(s, step="prefill", chunk=c.tokens, prefix=c.prefix, batch=1)
+    if c.kind == "mixed":  # vLLM's forwards (`calibrate.fit.mixed`)
+        return dict(s, step="mixed", chunks=list(c.chunks), prefixes=list(c.contexts), batch=len(c.rids))
     return dict(s, step="sync" if c.kind == "sync" else "decode", batch=c.tokens, contexts=list(c.contexts),
                 context_max=max(c.contexts), single=not c.batched, joined=c.joined, left=c.left)
 

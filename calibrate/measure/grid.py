@@ -40,14 +40,17 @@ class Grid:
     offset_chunk_max: int | None = None  # longer `chunks` are timed at offset 0 only (None: at every offset)
     prompt_max: int | None = None  # longest prompt of the engine runs (`calibrate.measure.engine_runs`; None: the longest chunk)
     odd_prompts: list[int] = field(default_factory=list)  # unaligned whole prompts, at offset 0
+    # vLLM's one forward (`calibrate.engine.mixed`): [decode rows, their context, prompt tokens, the
+    # prompt row's cached prefix], each at once (no prompt row where its tokens are 0)
+    fused: list[list[int]] = field(default_factory=list)
 
     def longest_prompt(self) -> int:
         return self.prompt_max or max(self.chunks)
 
     def max_context(self) -> int:
         prefills = [p["prefix"] + p["chunk"] for p in self.points() if p["step"] == "prefill"]
-        return max(prefills + self.contexts
-                   + [max(m) for m in self.mixed] + [0]) + self.warmup + self.repeats + 2
+        return max(prefills + self.contexts + [max(m) for m in self.mixed]
+                   + [max(c, p + n) for _, c, n, p in self.fused] + [0]) + self.warmup + self.repeats + 2
 
     def points(self) -> list[dict]:
         """Every point to time, as a dict with a stable `key` (for resuming)."""
@@ -62,6 +65,7 @@ class Grid:
         pts += [{"step": "decode", "contexts": list(m), "batched": True} for m in self.mixed]
         pts += [{"step": "decode", "contexts": [ctx], "batched": False}
                 for ctx in (self.contexts if self.singles is None else self.singles)]
+        pts += [{"step": "mixed", "decodes": b, "context": c, "prompt": n, "prompt_prefix": p} for b, c, n, p in self.fused]
         pts.append({"step": "overhead"})
         unique = {}
         for p in pts:
@@ -77,6 +81,8 @@ def key_of(p: dict) -> str:
         return f"prefill:{p['chunk']}@{p['prefix']}"
     if p["step"] == "overhead":
         return "overhead"
+    if p["step"] == "mixed":
+        return f"mixed:{p['decodes']}@{p['context']}+{p['prompt']}@{p['prompt_prefix']}"
     kind = "" if p.get("batched", True) else "single:"
     return f"{p['step']}:{kind}{','.join(map(str, p['contexts']))}"
 
@@ -102,18 +108,24 @@ def key_of(p: dict) -> str:
 # Refitted without the three points, 54 held about as many: the six 41 -> 38, the tails 30 -> 31,
 # all three 22 -> 22.
 # `pdsim calibrate --add-rounds` times more rounds.
+# vLLM's forwards: 0, 1 and 4 decode rows beside prompt rows of 24-211 tokens (unaligned, as a
+# budget's remainders are), 19 points of 0.2-2 s here.
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],
                                               [777] * 3, [100] * 5, [333] * 6, [555] * 7],
              repeats=2, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777],
-             offset_chunk_max=64, prompt_max=256, odd_prompts=spread(257, 511, 2))
+             offset_chunk_max=64, prompt_max=256, odd_prompts=spread(257, 511, 2),
+             fused=[[b, c, n, p] for b, c in ((0, 0), (1, 200), (4, 200), (4, 600))
+                    for n, p in ((0, 0), (24, 0), (77, 300), (160, 0), (211, 0)) if b or n])
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 250, 262, 1024, 2048],
             batches=list(range(1, 17)), contexts=[64, 256, 1024, 2048],
             mixed=[[64, 2048], [128, 256, 512, 1024], [32] * 7 + [2048], [256, 1024, 1024, 2048, 64, 64]],
             repeats=5, warmup=1, odd_chunks=spread(3, 500, 24))
 # For qwen3-tiny in tests: the same structure, small and fast.
 TINY = Grid(chunks=[4, 8, 16, 32], offsets=[0, 16, 48], batches=[1, 2, 3, 4], contexts=[16, 64],
-            mixed=[[8, 64]], repeats=3, warmup=1, odd_chunks=spread(3, 30, 4))
+            mixed=[[8, 64]], repeats=3, warmup=1, odd_chunks=spread(3, 30, 4),
+            fused=[[b, c, n, p] for b, c in ((0, 0), (1, 20), (3, 40)) for n, p in ((0, 0), (5, 0), (13, 9), (30, 0))
+                   if b or n])
 GRIDS = {"quick": QUICK, "full": FULL, "tiny": TINY}
 
 

@@ -21,6 +21,7 @@ from tqdm import tqdm
 import policies
 from calibrate.engine.executor import RealEngine
 from calibrate.engine.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
+from calibrate.engine.mixed import mixed_forward
 from calibrate.engine.model import LoadedModel
 from calibrate.measure.grid import Grid
 from calibrate.measure.journal import Journal
@@ -125,7 +126,8 @@ class Profiler:
         self.lm, self.grid = lm, grid
         self.master: Cache | None = None
         rng = random.Random(1)
-        longest = max([q["chunk"] for q in grid.points() if q["step"] == "prefill"] + [1])  # odd prompts too
+        longest = max([q.get("chunk", q.get("prompt", 1)) for q in grid.points() if q["step"] in ("prefill", "mixed")]
+                      + [1])  # odd prompts too
         self.ids = [rng.randrange(lm.vocab_size) for _ in range(longest)]
 
     def measure(self, point: dict, first_visit: bool) -> dict:
@@ -159,6 +161,23 @@ class Profiler:
         grown = untimed + 1  # the timed step wrote token ctx + grown: its context, as the simulator counts it
         return dt, {"batch": len(ctx), "context_sum": sum(c + grown for c in ctx), "context_max": max(ctx) + grown,
                     "single": not p.get("batched", True), "written": 0,  # both caches have room to grow
+                    "peak_extra": peak}
+
+    def _mixed(self, p: dict, untimed: int):
+        """vLLM's one forward: `decodes` requests one token past `context`, and a prompt chunk of
+        `prompt` tokens after `prompt_prefix` cached ones (on a fresh cache at offset 0)."""
+        for _ in range(untimed + 1):
+            caches = [sliced(self.master, p["context"]) for _ in range(p["decodes"])]
+            rows = [[1]] * p["decodes"]
+            prefixes = [p["context"]] * p["decodes"]
+            if p["prompt"]:
+                caches.append(sliced(self.master, p["prompt_prefix"]) if p["prompt_prefix"] else new_cache(self.lm))
+                rows.append(self.ids[:p["prompt"]])
+                prefixes.append(p["prompt_prefix"])
+            caps = [c[0].keys.shape[2] if c[0].keys is not None else 0 for c in caches]
+            dt, peak = _measured(lambda: mixed_forward(self.lm, caches, rows))
+        written = sum(write(cap, pre, len(r))[1] for cap, pre, r in zip(caps, prefixes, rows))
+        return dt, {"batch": len(rows), "chunks": [len(r) for r in rows], "prefixes": prefixes, "written": written,
                     "peak_extra": peak}
 
     def _overhead(self, p: dict, untimed: int):
@@ -212,7 +231,44 @@ def run_grid(lm: LoadedModel, grid: Grid, partial: Path | Journal, header: dict 
                 bar.update()
             if after_round:
                 after_round(r)
+        for tries in range(1, RETRIES + 1):  # a round another process slowed is timed again
+            slow = disturbed(done, points, rounds)
+            if not slow:
+                break
+            r, ratio = slow
+            bar.write(f"round {r + 1} ran {ratio:.2f}x slower than the others (another process?): timed again "
+                      f"({tries} of {RETRIES} tries)")
+            for p in [q for q in points if (q["key"], r) in done]:
+                s = dict(prof.measure(p, first_visit=False), round=r, retry=tries)
+                done[p["key"], r] = s
+                partial.append(s)
+        else:
+            if slow := disturbed(done, points, rounds):
+                bar.write(f"round {slow[0] + 1} still ran {slow[1]:.2f}x slower after {RETRIES} tries: each point is "
+                          "priced at its fastest round; calibrate again on a quiet machine")
+                return [combine([done[p["key"], r] for r in rounds if (p["key"], r) in done], fastest=True)
+                        for p in points]
     return [combine([done[p["key"], r] for r in rounds if (p["key"], r) in done]) for p in points]
+
+
+DISTURBED = 1.25  # a round whose points took this much longer than in the other rounds (median ratio)
+RETRIES = 2  # times a disturbed round is timed again before the calibration goes on without it
+
+
+def disturbed(done: dict, points: list[dict], rounds) -> tuple[int, float] | None:
+    """The round that ran slowest against the others, and by how much (the median over points of
+    its time over the point's fastest time in the other rounds), if that is `DISTURBED` or more:
+    another process only ever slows a call, so a whole round slower than the rest was disturbed."""
+    worst = None
+    for r in rounds:
+        ratios = [done[p["key"], r]["seconds"] / min(done[p["key"], o]["seconds"] for o in rounds
+                                                     if o != r and (p["key"], o) in done)
+                  for p in points if (p["key"], r) in done and any((p["key"], o) in done for o in rounds if o != r)]
+        if ratios:
+            ratio = statistics.median(ratios)
+            if ratio >= DISTURBED and (worst is None or ratio > worst[1]):
+                worst = (r, ratio)
+    return worst
 
 
 SPIKE = 1.5  # one of two rounds this many times the other's: a disturbance, not the kernel (`typical_time`)
@@ -230,11 +286,21 @@ def typical_time(times: list[float]) -> float:
     return statistics.median(times)
 
 
-def combine(visits: list[dict]) -> dict:
-    """One point's rounds as one sample: every timing, their typical time and spread, the mean shape."""
+def point_time(sample: dict) -> float:
+    """A grid sample's time from its rounds: `typical_time`, or the fastest round where a round
+    stayed disturbed after its retries (`run_grid`, the sample's `fastest`)."""
+    return min(sample["times"]) if sample.get("fastest") else typical_time(sample["times"])
+
+
+def combine(visits: list[dict], fastest: bool = False) -> dict:
+    """One point's rounds as one sample: every timing, their typical time (`fastest`: the least,
+    where a round stayed disturbed) and spread, the mean shape."""
     times = [v["seconds"] for v in visits]
-    out = {k: v for k, v in visits[0].items() if k != "round"}
-    out.update(times=times, seconds=typical_time(times), spread=max(times) - min(times))
+    out = {k: v for k, v in visits[0].items() if k not in ("round", "retry")}
+    if fastest:  # kept in the sample, so a refit prices it the same way (`point_time`)
+        out["fastest"] = True
+    out.update(times=times, spread=max(times) - min(times))
+    out["seconds"] = point_time(out)
     peaks = [v["peak_extra"] for v in visits if "peak_extra" in v]
     if peaks:  # the same shape allocates the same bytes each round; the median guards a stray one
         out["peak_extra"] = int(statistics.median(peaks))
@@ -250,5 +316,6 @@ def combine(visits: list[dict]) -> dict:
 def merge(old: list[dict], more: list[dict]) -> list[dict]:
     """`old` samples with the rounds of `more` (same keys) added to them."""
     extra = {s["key"]: s for s in more}
-    rounds = lambda s: [dict(s, seconds=t) for t in s["times"]]
+    # every round timed so far, typical again (`fastest` chose among the first rounds only)
+    rounds = lambda s: [dict({k: v for k, v in s.items() if k != "fastest"}, seconds=t) for t in s["times"]]
     return [combine(rounds(s) + rounds(extra[s["key"]])) if s.get("key") in extra else s for s in old]

@@ -256,6 +256,6 @@ def report_replay(r: dict) -> None:
     for run, v in (r.get("speeds") or {}).items():
         print(f"    (run {run} timed at {v.get('prefill', 1.0):.2f}x the calibration's prefill speed, "
               f"{v.get('decode', 1.0):.2f}x its decode speed, by its probe; its times are brought back)")
-    for row in r["by_kind"]:
+    for row in r.get("by_kind", []) + ((r.get("mixed") or {}).get("by_kind") or []):  # vLLM's forwards: their own fit
         print(f"    {row['kind']:8s} {row['calls']:4d} calls  median {row['ratio_median']:.3f}  "
               f"p10..p90 {row['ratio_p10']:.3f}..{row['ratio_p90']:.3f}  median |error| {row['abs_error_median']:.1%}")

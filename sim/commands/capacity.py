@@ -113,6 +113,10 @@ def _run(args: argparse.Namespace, settings: list[dict], folder: OutputFolder | 
     print(f"searched in {wall:.1f} s ({sum(len(f.runs) for f in found)} runs)")
     print(table(result["settings"], ["label", "capacity_req_s", "breaks_at_req_s", "slo_margin", "runs"]))
     print(result["why"])
+    if len(result["best_by_policy"]) > 1:
+        print("each policy's best: " + "; ".join(
+            f"{r['label']} {fmt(r['capacity_req_s']) if r['capacity_req_s'] is not None else 'below the range'}"
+            + (" requests/s" if r["capacity_req_s"] is not None else "") for r in result["best_by_policy"].values()))
     if folder is None:
         print("\nresults not saved (pass -o OUTDIR to write capacity.json, capacity.csv and curve.csv)")
         return 0
@@ -133,7 +137,12 @@ def summary(found: list[Search], name: str, inputs, constraints) -> dict:
     df = capacity_table(found, name, inputs, constraints)
     rows = df.to_dict("records")
     best = rows[0] if rows and rows[0]["capacity_req_s"] is not None else None
-    return {"settings": rows, "pick": best["label"] if best else None, "why": why(found, rows, constraints)}
+    by_policy = {}  # the side by side: each policy's best setting (rows are best first)
+    for r in rows:
+        by_policy.setdefault(r["policy"], r)
+    return {"settings": rows, "pick": best["label"] if best else None, "why": why(found, rows, constraints),
+            "best_by_policy": {p: {"label": r["label"], "capacity_req_s": r["capacity_req_s"]}
+                               for p, r in by_policy.items()}}
 
 
 def why(found: list[Search], rows: list[dict], constraints) -> str:

@@ -9,6 +9,7 @@ import policies
 from policies.budget import IDLE_BUDGETS, is_adaptive
 from policies.options import DEFAULTS
 from policies.settings import MLX_LM_DEFAULTS, grid_settings, unique
+from policies.vllm import DEFAULTS as VLLM_DEFAULTS
 from sim.core.errors import InputError
 from sim.cost.profile import BUILTIN, check_profile_matches, cost_model, load_profile
 from sim.engine.kvlimit import check_kv_limits  # noqa: F401 (the commands' check, with the others here)
@@ -244,6 +245,9 @@ def add_policy_args(p: argparse.ArgumentParser, many: bool = False) -> None:
     for key, value in MLX_LM_DEFAULTS.items():  # mlx_lm.server's flags, for the mlx-lm policy
         g.add_argument("--" + key.replace("_", "-"), nargs=n, type=positive_int, default=default(value),
                        help=policies.OPTION_HELP[key])
+    for key, value in VLLM_DEFAULTS.items():  # vLLM's flags, for the vllm policy
+        g.add_argument("--" + key.replace("_", "-"), nargs=n, default=default(value), help=policies.OPTION_HELP[key],
+                       type=whole(0 if key == "long_prefill_token_threshold" else 1))
     if many:
         g.add_argument("--setting", nargs="+", metavar="POLICY[:KEY=VALUE,...]",
                        help="explicit settings instead of a grid, e.g. eager "
@@ -265,7 +269,7 @@ def kv_limit_arg(text: str) -> int | str | None:
 
 # the grid's options, in `policies.settings.grid_settings`' order
 GRID_KEYS = ("budget", "batch_size", "decode", "order", "queue", "aging_s", *MLX_LM_DEFAULTS, "idle_budget",
-             "kv_limit")  # in `policies.settings.grid_settings`'s order
+             "kv_limit", *VLLM_DEFAULTS)  # in `policies.settings.grid_settings`'s order
 
 
 def settings_from_args(args: argparse.Namespace) -> list[dict]:
@@ -292,6 +296,9 @@ def parse_setting(text: str, defaults: dict) -> dict:
         key = key.strip().replace("-", "_")
         if not eq or key not in defaults:
             raise InputError(f"--setting {text!r}: expected KEY=VALUE with KEY one of {', '.join(defaults)}")
+        if name == "vllm" and key not in policies.POLICIES["vllm"].uses:
+            raise InputError(f"--setting {text!r}: policy vllm does not read {key} (it reads "
+                             f"{', '.join(policies.POLICIES['vllm'].uses)})")
         if key == "budget":
             try:
                 s[key] = budget_arg(val)
@@ -303,7 +310,7 @@ def parse_setting(text: str, defaults: dict) -> dict:
         elif key == "idle_budget" and name == "mlx-lm":
             raise InputError(f"--setting {text!r}: mlx-lm takes no idle_budget (its prefill step is fixed by "
                              "prefill_step, mlx_lm.server's --prefill-step-size)")
-        elif key in ("batch_size",) or key in MLX_LM_DEFAULTS:
+        elif key in ("batch_size",) or key in MLX_LM_DEFAULTS or key in VLLM_DEFAULTS:
             try:
                 s[key] = int(val)
             except ValueError:

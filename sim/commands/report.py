@@ -13,6 +13,7 @@ def add_parser(sub) -> None:
                     "from a confirm report, and calibration quality from a profile. Charts without their input "
                     "are skipped with a note.")
     p.add_argument("--sweep", metavar="DIR", help="a `pdsim sweep -o` directory (results.json, logs/)")
+    p.add_argument("--capacity", metavar="DIR", help="a `pdsim capacity -o` directory (capacity.json, curve.csv)")
     p.add_argument("--confirm", metavar="FILE", help="a `pdsim confirm` report (JSON)")
     p.add_argument("--profile", metavar="FILE", help="a `pdsim calibrate` profile with its samples (JSON)")
     p.add_argument("--simulate", metavar="FILE", help="the JSON of `pdsim simulate --json-out`")
@@ -25,7 +26,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from sim.report import make_report  # altair: imported by the one command that draws
     doc = make_report(args.out, args.sweep, args.confirm, args.profile, args.simulate, args.latency,
-                      args.overwrite, not args.no_png)
+                      args.overwrite, not args.no_png, args.capacity)
     print_written(doc, Path(args.out))
     return 0
 

@@ -13,17 +13,8 @@ from sim.commands.common import whole
 from sim.core.outdir import OutputFolder
 
 NEEDS_MLX = True
-TUNE_NAMES = ("trace.jsonl", "sweep", "confirm.json", "confirm.json.runs", "report")  # what a tune owns in -o
+TUNE_NAMES = ("trace.jsonl", "sweep", "capacity", "confirm.json", "confirm.json.runs", "report")  # what a tune owns
 
-# Defaults per device kind: the tiny-llm seed's trace, scaled down on a CPU so a tune fits in
-# minutes (prompt lengths, outputs and budgets / 4, the same 8 requests at t=0 and batch size 4).
-PRESETS = {
-    "cpu": {"trace": {"num_seqs": 8, "min_in": 16, "max_in": 128, "min_out": 8, "max_out": 8},
-            "budgets": [8, 16, 32, 64, 128], "scale": "tiny-llm's trace with prompts, outputs "
-            "and budgets scaled by 1/4 (prompts 16..128, 8 outputs)"},
-    "gpu": {"trace": {"num_seqs": 8, "min_in": 64, "max_in": 512, "min_out": 32, "max_out": 32},
-            "budgets": [16, 32, 64, 128, 256, 512], "scale": "tiny-llm's trace as in the seed"},
-}
 # --engine mlx-lm: a server's traffic (Poisson arrivals, prompts longer than the smaller steps) and
 # mlx_lm.server's three flags as the grid; the confirm baseline is the server's defaults.
 MLX_LM_PRESETS = {
@@ -37,27 +28,30 @@ MLX_LM_PRESETS = {
             "scale": "32 Poisson arrivals at 2/s, prompts 64..2048, 32..256 outputs"},
 }
 MLX_LM_KEYS = ("prefill_step", "prompt_concurrency", "decode_concurrency")
-POLICIES = ["fifo", "eager", "chunked"]
-BATCH_SIZE = 4
-BASELINE = {"policy": "eager", "batch_size": BATCH_SIZE}
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("tune", help="calibrate (or reuse the cached profile), sweep, pick, confirm, report",
+    p = sub.add_parser("tune", help="calibrate (or reuse the cached profile), find the setting that serves the most "
+                                    "traffic under SLOs, confirm it, report",
                        description="The main job on built-in defaults: a quick calibration of the model on this "
-                                   "device (cached in profiles/), a sweep of fifo/eager/chunked over budgets on "
-                                   "the tiny-llm trace, the pick under a latency target, a confirm of the pick "
-                                   "against the eager baseline on the real engine, and an HTML report.")
+                                   "device (cached in profiles/); for each setting of fifo/eager/chunked over budgets "
+                                   "(--engine vllm: vLLM's token budgets and sequence limits), the most traffic it "
+                                   "serves while a decode-gap and a TTFT SLO derived from the calibration hold "
+                                   "(`pdsim capacity`); a confirm of the pick, against the eager baseline, on the "
+                                   "real engine at that rate; and an HTML report. --engine mlx-lm tunes "
+                                   "mlx_lm.server's flags for throughput under a gap target instead.")
     p.add_argument("--model", default="qwen3-0.6b", help="Qwen3 model (default qwen3-0.6b: the smallest official "
                                                          "size, so a tune takes minutes even on a laptop CPU)")
     p.add_argument("--profile", help="use this profile instead of the cached or a new calibration")
     p.add_argument("--recalibrate", action="store_true", help="calibrate again even if a cached profile exists")
     p.add_argument("--slo", nargs="+", metavar="CONSTRAINT",
-                   help="pick constraints (default: decode_gap_p95_ms <= 2x a full-batch decode step)")
+                   help="the SLOs every setting must hold (default: decode_gap_p95_ms <= a decode step and a chunk of "
+                        "the middle budget, p99_ttft_ms <= 10x the longest prompt's prefill; mlx-lm: a gap target)")
     p.add_argument("--repeats", type=whole(1, 1000), default=3, help="confirm runs per setting (default 3: a median that one noisy run cannot move)")
-    p.add_argument("--engine", choices=["pdsim", "mlx-lm"], default="pdsim",
+    p.add_argument("--engine", choices=["pdsim", "mlx-lm", "vllm"], default="pdsim",
                    help="pdsim: tune pdsim's policies on its engine (default); mlx-lm: tune mlx_lm.server's flags "
-                        "(--prefill-step-size, --prompt-concurrency, --decode-concurrency) on BatchGenerator itself")
+                        "(--prefill-step-size, --prompt-concurrency, --decode-concurrency) on BatchGenerator itself; "
+                        "vllm: vLLM's scheduler (--max-num-batched-tokens, --max-num-seqs), one forward per iteration")
     p.add_argument("--any-mlx-lm", action="store_true", help="with --engine mlx-lm: an mlx-lm version the mlx-lm "
                                                               "policy was not checked against")
     p.add_argument("-o", "--out", help="output folder (default runs/tune-MODEL-DEVICE)")
@@ -77,13 +71,12 @@ def run(args: argparse.Namespace) -> int:
     if args.slo:  # read as the sweep will read it, before a calibration of minutes
         _ = SweepPlan({}, [], {}, slo=args.slo).targets  # its goodput targets parsed too
     host = host_info()
-    preset = PRESETS[host["kind"]]
     if args.engine == "mlx-lm":
         from calibrate.engine.mlxlm_batches import installed_version
         from policies.mlxlm import check_version
         for w in check_version(installed_version(), args.any_mlx_lm):
             print(f"warning: {w}")
-    out = Path(args.out or f"runs/tune-{args.model}-{host['kind']}" + ("-mlx-lm" if args.engine == "mlx-lm" else ""))
+    out = Path(args.out or f"runs/tune-{args.model}-{host['kind']}" + ("" if args.engine == "pdsim" else f"-{args.engine}"))
     if out.exists() and not args.overwrite:
         raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or -o another folder)")
     with OutputFolder(out, TUNE_NAMES, args.overwrite, "tune output folder"):  # locked; checked before any work
@@ -93,33 +86,25 @@ def run(args: argparse.Namespace) -> int:
                 shutil.rmtree(old)
             elif old.exists() or old.is_symlink():
                 old.unlink()
-        return _run(args, out, host, preset)
+        return _run(args, out, host)
 
 
-def _run(args: argparse.Namespace, out: Path, host: dict, preset: dict) -> int:
+def _run(args: argparse.Namespace, out: Path, host: dict) -> int:
     import time
 
     from calibrate.calibration import calibrate
-    from calibrate.confirm.protocol import confirm
     from calibrate.measure.grid import GRIDS
     from calibrate.profiles import default_profile_path
-    from policies.settings import grid_settings, setting
     from sim.commands import calibrate_cmd
-    from sim.commands import confirm as confirm_cmd
-    from sim.commands import report as report_cmd
-    from sim.commands import sweep as sweep_cmd
     from sim.cost.fields import ProfileError
-    from sim.cost.profile import check_profile_matches, cost_model, load_profile
-    from sim.report import make_report
-    from sim.sweep.pick import Objective
-    from sim.sweep.results import SweepPlan
-    from traces.generators import tinyllm
+    from sim.cost.profile import check_profile_matches, load_profile
 
     print(f"pdsim tune: {args.model} on {host['name']} (BLAS: {host['blas']}); output in {out}/")
     print(f"model: {args.model}" + (" — the smallest official Qwen3, so the whole loop fits in minutes on "
                                     "this device" if args.model == "qwen3-0.6b" else ""))
 
-    profile = Path(args.profile) if args.profile else default_profile_path(args.model, host["kind"], args.engine)
+    profile_engine = "mlx-lm" if args.engine == "mlx-lm" else "pdsim"  # vLLM's forwards: pdsim's profile prices them
+    profile = Path(args.profile) if args.profile else default_profile_path(args.model, host["kind"], profile_engine)
     reuse = profile.exists() and not args.recalibrate
     if reuse:
         try:
@@ -145,32 +130,8 @@ def _run(args: argparse.Namespace, out: Path, host: dict, preset: dict) -> int:
     if args.engine == "mlx-lm":
         return tune_mlx_lm(args, prof, profile, out, host)
 
-    trace_path = out / "trace.jsonl"
-    trace = tinyllm(**preset["trace"])
-    trace.save_jsonl(trace_path)
-    print(f"wrote {trace_path}: {len(trace)} requests, sha256 {trace.sha256()}")
-    slo = args.slo or [default_slo(cost_model(prof))]
-    print(f"\n[2/4] sweep on {preset['scale']}; target {' '.join(slo)}, maximizing output tokens/s")
-    settings = grid_settings(POLICIES, preset["budgets"], [BATCH_SIZE])
-    plan = SweepPlan({trace_path.stem: trace}, settings, prof, slo=slo, objective=Objective())
-    result = sweep_cmd.execute(plan, out / "sweep", {"policy": POLICIES, "budget": preset["budgets"],
-                                                    "batch_size": [BATCH_SIZE]}, logs=2, progress=False)
-    best = result.picks[0].best
-    if best is None:
-        print("no setting meets the target; see the sweep's Pareto front, or pass a looser --slo")
-        return 1
-    chosen = [setting({k: best[k] for k in ("policy", "budget", "batch_size", "decode", "order")})]
-    baseline = setting(BASELINE)
-    chosen += [baseline] if chosen[0] != baseline else []
-    print(f"\n[3/4] confirm the pick {best['label']} against the eager baseline on the real engine")
-    report_path = out / "confirm.json"
-    report = confirm(prof, trace, chosen, report_path, args.repeats)
-    if code := confirm_cmd.print_report(report, str(report_path), None):
-        return code
-    print("\n[4/4] report")
-    doc = make_report(out / "report", out / "sweep", report_path, profile)
-    report_cmd.print_written(doc, out / "report")
-    return 0
+    from sim.commands.tune_capacity import tune_capacity
+    return tune_capacity(args, prof, profile, out, host)
 
 
 def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
@@ -233,10 +194,3 @@ def mlx_lm_default_slo(cost, smallest_step: int) -> str:
     step = cost.mlx_lm_call("generate", 1, 0, [128] * 4, 0, 0)
     prompt = cost.mlx_lm_call("prompt", smallest_step, 0, [0], 0, 0)
     return f"{DEFAULT_LATENCY}<={(2 * step + prompt) * 1e3:.0f}"
-
-
-def default_slo(cost) -> str:
-    """Tokens may wait at most twice a plain decode step of a full batch (4 requests, 128 context)."""
-    from sim.metrics.registry import DEFAULT_LATENCY
-    step_ms = cost.decode([128] * 4) * 1e3
-    return f"{DEFAULT_LATENCY}<={2 * step_ms:.0f}"

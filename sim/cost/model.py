@@ -32,6 +32,11 @@ from sim.cost.mlxlm import MlxLmCosts
 from sim.engine.heap import GROUPS, Heap, NoHeap
 from sim.engine.memory import MemoryModel
 
+FEW_ROWS = 16  # an uncalibrated mixed forward of this many tokens or fewer is priced at least as a decode
+MIXED_FORM = ("dense(T) + rows*e + sum over rows of c*n*(prefix + n/2) + d*prefix, T the call's tokens, n a row's "
+              "tokens (a decode row: 1 after its context); dense(T) = a + b*T or the measured curve; without a "
+              "calibration of mixed forwards, the prefill dense part at T (at least the decode's up to 16 "
+              "tokens), each prompt row's prefill attention and each decode row's decode attention")
 PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
                 "plus r0 + r1*(L mod tile) + r2*L when L is not a multiple of the tile; plus copy*written")
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
@@ -53,6 +58,7 @@ class CostModel(Protocol):
     kv_capacity: int | None  # tokens of KV cache the profile's device holds, if known
     heap_groups: int  # the model's layers, as `sim.engine.heap` follows their arrays
     prices_fresh: bool  # whether a KV token-row in fresh memory costs more than one in reused memory
+    prices_kv: bool  # whether a KV token-row written costs anything, or the memory model reads buffer sizes
     copy: float  # seconds per token-row of KV buffer a call allocates and fills (`sim.engine.kvcache`)
     fresh: float  # and more per such row in fresh memory (beyond what the process freed: `sim.engine.kvcache`)
     gather: float | None  # per token-row instead of `copy` in a sync where requests only leave (None: `copy`)
@@ -92,6 +98,10 @@ class CostModel(Protocol):
     def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
         """mlx-lm: `steps` generation steps of the same rows, no copies; the floats of `steps` calls."""
 
+    def mixed(self, chunks: Sequence[int], prefixes: Sequence[int]) -> float:
+        """vLLM's one forward: rows of `chunks[i]` tokens after `prefixes[i]` cached ones (a decode
+        row is one token after its context), no copies (`MIXED_FORM`)."""
+
 
 @dataclass
 class LinearCostModel:
@@ -116,6 +126,8 @@ class LinearCostModel:
     grow_single_faults: float | None = None  # of which its page faults, at the calibration's dear price (None: not split)
     prefill_tile: int = 0  # chunk rows beyond a multiple of this run slower kernels (0: no such term)
     prefill_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the chunk]
+    mixed_coef: tuple[float, ...] | None = None  # a, b, c, d, e of `MIXED_FORM` (None: not calibrated)
+    mixed_dense: Curve | None = None  # measured dense(T) of mixed forwards; replaces a + b*T
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
     pdsim_forms: bool = True  # False: a profile of mlx-lm's calls only, which cannot price pdsim's engine
     memory: MemoryModel | None = None  # the profile's peak-memory model (`sim.engine.memory`), if it has one
@@ -130,6 +142,11 @@ class LinearCostModel:
 
     def fresh_heap(self) -> Heap | NoHeap:
         return Heap(groups=self.heap_groups) if self.prices_fresh else NoHeap()
+
+    @property
+    def prices_kv(self) -> bool:
+        return bool(self.copy or self.gather or self.grow or self.grow_single or self.prices_fresh
+                    or self.memory is not None or (self.mlx is not None and (self.mlx.copy or self.mlx.first_copy)))
 
     def mlx_lm_call(self, kind: str, tokens: int, idx: int, contexts: Sequence[int], written: int,
                     fresh: int) -> float:
@@ -147,6 +164,18 @@ class LinearCostModel:
 
     def overhead(self, engine: str) -> float:
         return self.mlx.iteration if engine == "mlx-lm" and self.mlx is not None else self.iteration
+
+    def mixed(self, chunks: Sequence[int], prefixes: Sequence[int]) -> float:
+        total = sum(chunks)
+        if self.mixed_coef is None:  # not calibrated: pdsim's own forms
+            dense, c, d = self._prefill_terms(total)
+            if total <= FEW_ROWS:  # a few rows cost a decode step's weight read, whichever form says more
+                dense = max(dense, self.dense_decode(total))
+            return dense + sum(self.attention(1, p) if n == 1 else c * n * (p + n / 2) + d * p
+                               for n, p in zip(chunks, prefixes))
+        a, b, c, d, e = self.mixed_coef
+        dense = self.mixed_dense(total) if self.mixed_dense else a + b * total
+        return dense + e * len(chunks) + sum(c * n * (p + n / 2) + d * p for n, p in zip(chunks, prefixes))
 
     def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
         return self.mlx.steps(contexts, steps) if self.mlx is not None else self.decode_steps(contexts, steps)
@@ -269,6 +298,10 @@ class GridCostModel:
     def prices_fresh(self) -> bool:
         return self.linear.prices_fresh
 
+    @property
+    def prices_kv(self) -> bool:
+        return self.linear.prices_kv or self.memory is not None
+
     def fresh_heap(self) -> Heap | NoHeap:
         return self.linear.fresh_heap()
 
@@ -333,6 +366,9 @@ class GridCostModel:
 
     def overhead(self, engine: str) -> float:
         return self.linear.overhead(engine) if engine == "mlx-lm" else self.iteration
+
+    def mixed(self, chunks: Sequence[int], prefixes: Sequence[int]) -> float:
+        return self.linear.mixed(chunks, prefixes)
 
     def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
         if self.linear.mlx is not None:

@@ -14,19 +14,23 @@ from sim.cost.copies import call_copies
 from sim.cost.mlxlm import MLX_KINDS
 from sim.cost.model import CostModel
 from sim.engine.state import EngineState
-from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
+from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
 
 
 def price(cost: CostModel, kind: str, tokens: int, prefix: int, contexts, batched: bool, joined: int, left: int,
-          written: int, fresh: int) -> float:
+          written: int, fresh: int, chunks=()) -> float:
     """Seconds the cost model gives a call of this shape: the one pricing both executors' calls
     share, whether the call is about to run (`sim.cost.price.call_costs`) or was logged (`price_call`).
-    A sync (the batch cache rebuilt) is its copies and a constant per join or leave."""
+    A sync (the batch cache rebuilt) is its copies and a constant per join or leave; a mixed
+    forward its rows (`chunks`, each after its `contexts`) and its own caches' growth."""
+    copies = written or fresh  # none where the profile prices no KV (`sim.engine.kvcache.RowsOnly`)
+    if kind == "mixed":
+        return (call_copies(cost, "prefill", 0, 0, written, fresh) if copies else 0.0) + cost.mixed(chunks, contexts)
     if kind in MLX_KINDS:
         return cost.mlx_lm_call(kind, tokens, prefix, contexts, written, fresh)
     if kind == "preempt":  # a cache dropped: no model call (its recompute is a prefill, priced as one)
         return 0.0
-    t = call_copies(cost, kind, joined, left, written, fresh, not batched)
+    t = call_copies(cost, kind, joined, left, written, fresh, not batched) if copies else 0.0
     if kind == "prefill":
         return t + cost.prefill(tokens, prefix)
     if joined or left:  # a sync call, or a decode with its sync inside (logs from before syncs were calls)
@@ -42,6 +46,11 @@ def call_costs(cost: CostModel, state: EngineState, work: Work, rows=None) -> tu
         if isinstance(work, JoinPrompt):
             return 0.0, 0.0  # no model call (`sim.engine.work.JoinPrompt`)
         (sync_written, sync_fresh), (written, fresh) = rows or state.kv_rows(work)
+        if type(work) is Decode:  # the commonest call first
+            return _decode_costs(cost, state, work, sync_written, sync_fresh, written, fresh)
+        if isinstance(work, Mixed):
+            chunks, prefixes, _ = state.mixed_shape(work)
+            return 0.0, price(cost, "mixed", sum(chunks), 0, prefixes, True, 0, 0, written, fresh, chunks)
         if isinstance(work, BatchPrefill):
             contexts = [state.queued[r].prefilled for r, _ in work.rows]
             return 0.0, price(cost, "prompt", max(n for _, n in work.rows), state.kv.prompt.idx, contexts, True, 0, 0,
@@ -53,14 +62,20 @@ def call_costs(cost: CostModel, state: EngineState, work: Work, rows=None) -> tu
         if isinstance(work, Prefill):
             return 0.0, price(cost, "prefill", work.tokens, state.queued[work.rid].prefilled, (), True, 0, 0,
                               written, fresh)
-        contexts = [state.ready[rid].context for rid in work.rids]
-        joined, left = state.batch_change(work)
-        sync = price(cost, "sync", len(contexts), 0, contexts, True, joined, left, sync_written, sync_fresh) \
-            if joined or left else 0.0
-        return sync, price(cost, "decode", len(contexts), 0, contexts, work.batched, 0, 0, written, fresh)
+        return _decode_costs(cost, state, work, sync_written, sync_fresh, written, fresh)
     except (KeyError, AttributeError):
         state.check(work)  # raises EngineError saying what the policy got wrong
         raise
+
+
+def _decode_costs(cost: CostModel, state: EngineState, work: Decode, sync_written: int, sync_fresh: int,
+                  written: int, fresh: int) -> tuple[float, float]:
+    ready = state.ready
+    contexts = [ready[rid].context for rid in work.rids]
+    joined, left = state.batch_change(work)
+    sync = price(cost, "sync", len(contexts), 0, contexts, True, joined, left, sync_written, sync_fresh) \
+        if joined or left else 0.0
+    return sync, price(cost, "decode", len(contexts), 0, contexts, work.batched, 0, 0, written, fresh)
 
 
 def host_seconds(cost: CostModel, engine: str = "pdsim") -> float:

@@ -51,7 +51,9 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           prefill_tile=int(c["prefill"].get("tile", 0)),
                           prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
                           kv_bytes=kv_bytes, kv_capacity=capacity,
-                          heap_groups=int(c.get("heap_groups", GROUPS)))
+                          heap_groups=int(c.get("heap_groups", GROUPS)),
+                          mixed_coef=tuple(map(float, c["mixed"]["coef"])) if "mixed" in c else None,
+                          mixed_dense=Curve.from_pairs(c["mixed"].get("dense")) if "mixed" in c else None)
     grid = {step: c[step].get("use", c.get("use", "fit")) == "grid" for step in ("prefill", "decode")}
     if any(grid.values()):
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),

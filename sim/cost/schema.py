@@ -39,7 +39,8 @@ from sim.cost.fields import (
 )
 
 STEPS = ("prefill", "decode")
-SAMPLE_STEPS = ("prefill", "decode", "sync", "overhead", "join", "leave", "prompt", "generate")  # the last two: mlx-lm's
+SAMPLE_STEPS = ("prefill", "decode", "sync", "overhead", "join", "leave", "prompt", "generate",  # mlx-lm's last two
+                "mixed")  # vLLM's forwards
 GRID_LISTS = ("chunks", "offsets", "batches", "contexts", "odd_chunks", "odd_prompts")
 
 
@@ -122,6 +123,11 @@ def check_memory(w: Where, m: dict) -> None:
 def check_cost(w: Where, cost: dict) -> None:
     if "heap_groups" in cost:
         whole(w, cost["heap_groups"], "cost.heap_groups", lo=1, hi=10_000)
+    if "mixed" in cost:  # vLLM's forwards (`sim.cost.model.MIXED_FORM`)
+        mixed = obj(w, cost["mixed"], "cost.mixed")
+        numbers(w, mixed.get("coef"), "cost.mixed.coef", (5,))
+        if "dense" in mixed:
+            curve(w, mixed["dense"], "cost.mixed.dense")
     if "mlx_lm" in cost:
         check_mlx_lm(w, obj(w, cost["mlx_lm"], "cost.mlx_lm"))
         if "prefill" not in cost and "decode" not in cost:  # a profile of mlx-lm's BatchGenerator only
@@ -216,7 +222,8 @@ def check_samples(w: Where, samples) -> None:
         cost_value(w, s["seconds"], f"{f}.seconds")
         if s["seconds"] <= 0:
             raise w.fail(f"{f}.seconds", "must be > 0 (the fit weighs errors relative to it)")
-        need = {"prefill": ("chunk", "prefix"), "decode": ("batch",), "sync": ("batch",)}.get(step, ())
+        need = {"prefill": ("chunk", "prefix"), "decode": ("batch",), "sync": ("batch",),
+                "mixed": ("chunks", "prefixes")}.get(step, ())
         for key in need:
             if key not in s:
                 raise w.fail(f"{f}.{key}", f"is missing (a {step} sample's shape)")
@@ -231,15 +238,17 @@ def check_samples(w: Where, samples) -> None:
         for key in ("context_max", "context_sum", "spread", "fitted"):
             if key in s and s[key] is not None:
                 cost_value(w, s[key], f"{f}.{key}")
-        for key in ("contexts", "times"):
+        for key in ("contexts", "times", "chunks", "prefixes"):
             if key in s:
                 numbers(w, s[key], f"{f}.{key}")
+        if step == "mixed" and (not s["chunks"] or len(s["chunks"]) != len(s["prefixes"])):
+            raise w.fail(f"{f}.chunks", "must hold one number per row, as many as prefixes")
         if "times" in s and not s["times"]:
             raise w.fail(f"{f}.times", "must hold at least one timing")
         for key in ("key", "source", "call", "bucket"):
             if key in s and not isinstance(s[key], str):
                 raise w.fail(f"{f}.{key}", f"must be a string, got {kind(s[key])}")
-        for key in ("batched", "single", "held_out"):
+        for key in ("batched", "single", "held_out", "fastest"):
             if key in s and not isinstance(s[key], bool):
                 raise w.fail(f"{f}.{key}", "must be true or false")
 
@@ -252,7 +261,7 @@ def check_grid(w: Where, grid) -> None:
         nested = {key: (0, "whole numbers") for key in ("prompts", "firsts", "merges")}
     else:
         flat, optional = GRID_LISTS + ("singles",), ("odd_chunks", "odd_prompts", "singles")
-        nested = {"mixed": (1, "contexts")}
+        nested = {"mixed": (1, "contexts"), "fused": (0, "whole numbers")}
     extra = sorted(set(grid) - set(flat) - set(nested) - {"repeats", "warmup", "offset_chunk_max", "prompt_max"})
     if extra:
         raise w.fail("grid", f"has unknown field(s) {', '.join(extra)}")

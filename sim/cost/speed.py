@@ -148,3 +148,8 @@ class AtSpeed:
 
     def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
         return self.cost.generate_steps(contexts, steps) / self.speed.decode
+
+    def mixed(self, chunks: Sequence[int], prefixes: Sequence[int]) -> float:
+        """At the prefill speed where a prompt rides in it (arithmetic-bound), else the decode speed."""
+        speed = self.speed.prefill if sum(chunks) > len(chunks) else self.speed.decode
+        return self.cost.mixed(chunks, prefixes) / speed

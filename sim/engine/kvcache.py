@@ -35,6 +35,7 @@ the call that evaluates them is charged (`KVBuffers.join_prompt`, `batch_prefill
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from sim.engine.heap import Heap
 
@@ -64,6 +65,7 @@ class KVBuffers:
     call_largest: int = 0
     prompt: "BatchCache" = field(default_factory=lambda: BatchCache())  # mlx-lm's prompt batch
     gen: "BatchCache" = field(default_factory=lambda: BatchCache())  # mlx-lm's generation batch
+    counts: ClassVar[bool] = True  # follows every buffer's size (`RowsOnly` does not)
 
     def what_if(self) -> "KVBuffers":
         """A copy to follow a call on without changing these buffers (the batch caches copied too)."""
@@ -110,6 +112,18 @@ class KVBuffers:
         if grown:  # a new buffer, the old one copied into it and freed
             self._new(grown)
             self._drop(old)
+        return self.take()
+
+    def mixed(self, rows: list[tuple[str, int, int]]) -> tuple[int, int]:
+        """One forward over several requests' own caches (`sim.engine.work.Mixed`): each row
+        (request, cached tokens, tokens written) grows its buffer as a chunk would; the arrays
+        are placed together, as one call's."""
+        for rid, prefix, n in rows:
+            old = self.own.get(rid, 0)
+            self.own[rid], grown = write(old, prefix, n)
+            if grown:
+                self._new(grown)
+                self._drop(old)
         return self.take()
 
     def decode_one(self, rid: str, cached: int) -> tuple[int, int]:
@@ -358,3 +372,26 @@ class BatchCache:
         self.rows = self.rows + other.rows
         self.pad = pads[0] + pads[1]
         self.idx, self.cap, self.keys = idx, size, True
+
+
+class RowsOnly(KVBuffers):
+    """The buffers of a replay whose profile prices no KV copy and no memory (the built-in one):
+    only which requests the batch cache holds, in order (what makes a sync), and mlx-lm's two
+    batches' rows (what its policy reads). pdsim's and vLLM's calls write nothing it counts, and no
+    buffer's growth ends a steady stretch (`sim.steady`): a replay pays only for what its profile
+    prices."""
+    counts: ClassVar[bool] = False
+
+    def what_if(self) -> "RowsOnly":
+        return RowsOnly(dict(self.own), self.rows, self.idx, self.cap, self.heap.copy(), self.written,
+                        self.built, self.call_largest, self.prompt.copy(), self.gen.copy())
+
+    def prefill(self, rid: str, prefix: int, n: int) -> tuple[int, int]:
+        return 0, 0
+
+    def decode_batch(self, rids: tuple[str, ...], cached: dict[str, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+        self.rows = tuple(rids)
+        return (0, 0), (0, 0)
+
+    def mixed(self, rows: list[tuple[str, int, int]]) -> tuple[int, int]:
+        return 0, 0

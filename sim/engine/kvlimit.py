@@ -22,7 +22,7 @@ from sim.core.errors import InputError
 from sim.engine.log import Call
 from sim.engine.memory import KVLimit, device_kv_tokens, parse_kv_limit, profile_kv_bytes
 from sim.engine.requests import Freed, RequestState
-from sim.engine.work import Decode, EngineError, Prefill, Work
+from sim.engine.work import Decode, EngineError, Mixed, Prefill, Work
 from traces.trace import Trace
 
 
@@ -69,6 +69,8 @@ class KVLimitRules:
                 n += w.tokens
             elif isinstance(w, Decode):
                 n += len(w.rids)
+            elif isinstance(w, Mixed):
+                n += sum(k for _, k in w.rows)
         return n
 
     def victim(self) -> str | None:
@@ -110,6 +112,7 @@ class KVLimitRules:
             self.queued[rid] = s
             self.queued.move_to_end(rid, last=False)
         self.now = at
+        self.preempted_in = iteration
         self.log.add(Call("preempt", at, at, (rid,), freed, 0, (), 0, 0, iteration))
         return freed
 

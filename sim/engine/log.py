@@ -37,7 +37,8 @@ class Call(NamedTuple):
     chunks: tuple[int, ...] = ()  # prompt: each row's chunk (real tokens)
 
 
-DECODE_KINDS = ("decode", "generate")  # calls that return a token to each of their requests
+DECODE_KINDS = ("decode", "generate", "mixed")  # columns that return a token to each of their requests (a
+# stretch's mixed forwards are decodes only: `sim.steady`)
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,11 @@ class Stretch(NamedTuple):
                 prefixes, contexts = range(first, first + steps * tokens, tokens), repeat(())
             else:
                 prefixes, contexts = repeat(0), zip(*(range(c, c + steps) for c in first))
+            chunks = repeat((1,) * len(rids) if kind == "mixed" else ())  # a mixed column: decode rows
             built.append(map(_make_call, zip(repeat(kind), starts, ends, repeat(rids),
                                              repeat(tokens), prefixes, contexts, repeat(0), repeat(0), its,
                                              chain((written,), repeat(0)),
-                                             repeat(batched), chain((fresh,), repeat(0)), repeat(()))))
+                                             repeat(batched), chain((fresh,), repeat(0)), chunks)))
         return built[0] if len(built) == 1 else chain.from_iterable(zip(*built))
 
 
@@ -109,6 +111,10 @@ class EventLog:
 
     def add(self, call: Call) -> None:
         self._parts[-1].append(call)
+
+    def done(self, rid: str) -> None:
+        """Request `rid` emitted its last token (pdsim's and vLLM's calls; the state says so). A
+        log that keeps every call needs nothing; one that tallies requests as they end does."""
 
     def add_stretch(self, stretch: Stretch) -> None:
         self._parts += [stretch, []]
@@ -159,7 +165,7 @@ class EventLog:
             if isinstance(part, list):
                 last = {}
                 for c in part:
-                    if c.kind == "decode":
+                    if c.kind == "decode" or (c.kind == "mixed" and c.batched):
                         ends.append(c.end)
                         its.append(c.iteration)
                     elif c.kind == "generate":

@@ -7,18 +7,20 @@ from sim.engine.heap import Heap
 from sim.engine.log import Call, EventLog
 from sim.engine.memory import MemoryModel
 from sim.engine.state import EngineState
-from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Prefill, Work
+from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
 from traces.trace import Trace
 
 
-def relog(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryModel | None = None) -> EventLog:
+def relog(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryModel | None = None,
+          counts: bool = True) -> EventLog:
     """A measured log's calls through today's state machine, at their measured times: what the
     state derives from the calls (KV buffers written, fresh memory) recomputed with today's rules,
     for a log written before them. Single decodes need the log's `batched` flag (logs since 0.2).
     mlx-lm's calls are rebuilt as the work they were (`work_of`), their prompt-batch joins inferred.
     The measured peak memory and page faults are kept; with `memory`, the log's peak is that
-    model's prediction for these very calls instead."""
-    state = replayed(trace, log, heap, memory)
+    model's prediction for these very calls instead. `counts`: follow buffer sizes (a measured run's
+    log; a replay's under a profile that prices no KV copy follows none: `RowsOnly`)."""
+    state = replayed(trace, log, heap, memory, counts)
     if memory is None:
         state.log.peak_memory = log.peak_memory
     if log.faults is not None and len(log.faults) == state.log.call_count:  # measured, call for call
@@ -32,9 +34,10 @@ def served(trace: Trace, log: EventLog, heap: Heap | None = None) -> Heap:
     return replayed(trace, log, heap).kv.released()
 
 
-def replayed(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryModel | None = None) -> EngineState:
+def replayed(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryModel | None = None,
+             counts: bool = True) -> EngineState:
     """The state machine after the log's calls, at their measured times (`relog`)."""
-    state, sync = EngineState(trace, heap, memory=memory), None
+    state, sync = EngineState(trace, heap, memory=memory, counts=counts), None
     order = {r.id: i for i, r in enumerate(trace.requests)}
     prompting: dict[int, list[str]] = {}  # iteration -> the rows of its first forward and prompt calls
     for c in log.calls:
@@ -71,4 +74,6 @@ def work_of(c: Call) -> Work:
         return FirstForward(c.rids)
     if c.kind == "generate":
         return Generate(c.rids)
+    if c.kind == "mixed":
+        return Mixed(tuple(zip(c.rids, c.chunks)))
     return Decode(c.rids, c.batched)

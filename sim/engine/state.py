@@ -10,20 +10,21 @@ from collections import OrderedDict, defaultdict
 from dataclasses import replace
 
 from sim.engine.heap import Heap, NoHeap
-from sim.engine.kvcache import KVBuffers, write
+from sim.engine.kvcache import KVBuffers, RowsOnly, write
 from sim.engine.kvlimit import KVLimitRules, check_kv_fit
 from sim.engine.log import Call, Column, EventLog, RequestInfo, Stretch
 from sim.engine.memory import MemoryModel, PeakMemory
+from sim.engine.mixed import MixedForward
 from sim.engine.mlxlm import MlxLmTransitions
 from sim.engine.requests import RequestState
-from sim.engine.work import BatchPrefill, Decode, EngineError, FirstForward, Generate, JoinPrompt, Prefill, Work
+from sim.engine.work import BatchPrefill, Decode, EngineError, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
 from traces.trace import Trace
 
 Rows = tuple[int, int]  # (written, fresh) token-rows of KV buffer
 NONE: Rows = (0, 0)
 
 
-class EngineState(KVLimitRules, MlxLmTransitions):
+class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
     """What the engine holds: requests queued for prefill, requests ready to decode, the log.
 
     `queued` holds arrived requests whose prefill is not finished, in arrival order; `ready` holds
@@ -34,7 +35,7 @@ class EngineState(KVLimitRules, MlxLmTransitions):
     """
 
     def __init__(self, trace: Trace, heap: Heap | NoHeap | None = None, log: EventLog | None = None,
-                 memory: MemoryModel | None = None, kv_limit: int | None = None):
+                 memory: MemoryModel | None = None, kv_limit: int | None = None, counts: bool = True):
         """`heap`: the process's heap as this run finds it (after its warm-up: `sim.engine.heap`);
         `log`: where calls and tokens go (default a new `EventLog`; `sim.metrics.scored_log.ScoredLog`
         tallies a long run instead of keeping it); `memory`: the profile's memory model, whose
@@ -53,7 +54,8 @@ class EngineState(KVLimitRules, MlxLmTransitions):
         # queue holds a million requests, most of the replay's time)
         self.queued: OrderedDict[str, RequestState] = OrderedDict()
         self.ready: dict[str, RequestState] = {}
-        self.kv = KVBuffers(heap=heap.copy() if heap is not None else Heap())  # the KV caches' buffers, the batch's rows
+        # the KV caches' buffers and the batch's rows; their sizes only where a price reads them (`counts`)
+        self.kv = (KVBuffers if counts else RowsOnly)(heap=heap.copy() if heap is not None else Heap())
         self.finished = 0
         self.arrived = 0
         self.log = EventLog() if log is None else log
@@ -61,6 +63,7 @@ class EngineState(KVLimitRules, MlxLmTransitions):
         self.stepped: tuple[str, ...] = ()  # mlx-lm: the generation batch's rows at its last step
         self.memory = PeakMemory(memory) if memory is not None else None
         self._position: dict[str, int] | None = None  # arrival order (the trace's), built at a first preemption
+        self.preempted_in = -1  # the last iteration a preemption was logged in (`sim.engine.kvlimit`)
         self._followed: tuple | None = None  # (work, buffers after it, rows): `kv_rows`'s copy, for `apply`
         for r in trace.requests:
             self.log.requests[r.id] = RequestInfo(r.id, r.arrival, r.prompt_len, r.output_len, r.prefilled)
@@ -109,6 +112,8 @@ class EngineState(KVLimitRules, MlxLmTransitions):
         them are fresh memory (`sim.engine.kvcache`): (written, fresh) of the batch cache's rebuild (the
         sync: (0, 0) unless requests join or leave) and of the call itself."""
         kv = self.kv
+        if not kv.counts and isinstance(work, (Prefill, Decode, Mixed)):
+            return NONE, NONE  # sizes not followed: nothing a price reads (`RowsOnly`)
         if isinstance(work, Prefill):
             prefix = self.queued[work.rid].prefilled
             if not _grown(kv.own.get(work.rid, 0), prefix, work.tokens):
@@ -117,6 +122,10 @@ class EngineState(KVLimitRules, MlxLmTransitions):
         if isinstance(work, Decode) and work.batched and work.rids == kv.rows \
                 and not _grown(kv.cap, kv.idx, 1):
             return NONE, NONE
+        if isinstance(work, Mixed):
+            _, prefixes, _ = self.mixed_shape(work)
+            if not any(_grown(kv.own.get(r, 0), p, n) for (r, n), p in zip(work.rows, prefixes)):
+                return NONE, NONE
         return self._follow(work, 0)  # a growth, a batch change, single decodes, mlx-lm's
 
     def _follow(self, work: Work, prefix: int) -> tuple[Rows, Rows]:
@@ -141,6 +150,7 @@ class EngineState(KVLimitRules, MlxLmTransitions):
         s.kv, s.log = self.kv.what_if(), _NoLog()
         s._returned, s.stepped = (-1, []), self.stepped
         s.memory, s.kv_limit, s.kv_used, s._position = None, self.kv_limit, self.kv_used, self._position
+        s.preempted_in = self.preempted_in
         s._followed = None
         return s
 
@@ -166,10 +176,13 @@ class EngineState(KVLimitRules, MlxLmTransitions):
             return NONE, kv.generate(work.rids, {r for r in work.rids if self.ready[r].output_left == 1})
         if isinstance(work, JoinPrompt):
             return NONE, kv.join_prompt(work.rids)
+        if isinstance(work, Mixed):
+            _, prefixes, _ = self.mixed_shape(work)
+            return NONE, kv.mixed([(r, p, n) for (r, n), p in zip(work.rows, prefixes)])
         if not work.batched:
             rows = [kv.decode_one(r, self.ready[r].context - 1) for r in work.rids]
             return NONE, (sum(w for w, _ in rows), sum(f for _, f in rows))
-        return kv.decode_batch(work.rids, self.cached(work.rids))
+        return kv.decode_batch(work.rids, self.cached(work.rids) if kv.counts else {})
 
     def check(self, work: Work) -> None:
         """Raise EngineError if `work` cannot run now."""
@@ -189,6 +202,8 @@ class EngineState(KVLimitRules, MlxLmTransitions):
                     raise EngineError(f"decode of {rid!r}: its prefill has not finished, or it is done")
                 if self.ready[rid].pipelined:
                     raise EngineError(f"decode of {rid!r}: it is in mlx-lm's generation batch (Generate)")
+        elif isinstance(work, Mixed):
+            self._check_mixed(work)
         else:
             self._check_mlx_lm(work)
 
@@ -203,6 +218,9 @@ class EngineState(KVLimitRules, MlxLmTransitions):
             raise EngineError(f"time went backwards: call [{start}, {end}] after {self.now}")
         self.now = end
         tokens = self.log.tokens
+        if isinstance(work, Mixed):
+            self._apply_mixed(work, start, end)
+            return
         if not isinstance(work, (Prefill, Decode)):
             self._apply_mlx_lm(work, start, end)
             return
@@ -258,6 +276,7 @@ class EngineState(KVLimitRules, MlxLmTransitions):
                 self.kv.finish(rid)
                 self.kv_used -= s.req.prompt_len + s.generated - 1
                 self.finished += 1
+                self.log.done(s.req.id)
         self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, contexts,
                           joined, left, self.iteration, written, work.batched, fresh))
 
@@ -274,6 +293,9 @@ class EngineState(KVLimitRules, MlxLmTransitions):
             held = self.kv.resident() if self.memory is not None else 0
             if isinstance(w, Generate):  # mlx-lm: only steps of an unchanged batch (sim.steady)
                 columns.append(self._steady_generate(w, steps, begin, end, held))
+                continue
+            if isinstance(w, Mixed):  # vLLM's: only forwards of the same decode rows (sim.steady)
+                columns.append(self._steady_mixed(w, steps, begin, end, held))
                 continue
             if isinstance(w, Prefill):
                 s = self.queued[w.rid]
@@ -306,6 +328,7 @@ class EngineState(KVLimitRules, MlxLmTransitions):
                     done.append(s.req.id)
                     self.kv_used -= s.req.prompt_len + s.generated - 1
                     self.finished += 1
+                    self.log.done(s.req.id)
         for rid in done:  # at the stretch's last step: after every array its first step allocated
             self.kv.finish(rid)
         self.log.add_stretch(Stretch(tuple(columns), self.iteration))
@@ -332,6 +355,7 @@ class EngineState(KVLimitRules, MlxLmTransitions):
             self.kv.finish(s.rid)
             self.kv_used -= s.prefilled
             self.finished += 1
+            self.log.done(s.req.id)
         else:
             self.ready[s.rid] = s
 
@@ -343,6 +367,9 @@ class _NoLog:
         self.tokens = defaultdict(list)
 
     def add(self, call: Call) -> None:
+        pass
+
+    def done(self, rid: str) -> None:
         pass
 
 

@@ -5,7 +5,9 @@ of the batch. The other four are mlx-lm's `BatchGenerator` (what `mlx_lm.server`
 `next()` is, in this order: a `Generate` step of the generation batch, an `JoinPrompt` of waiting
 requests into the prompt batch, a `FirstForward` of the prompt-batch rows that have only their
 held-back last prompt token left (they move to the generation batch), and one `BatchPrefill` of
-every row still in the prompt batch (`policies.mlxlm` makes those decisions).
+every row still in the prompt batch (`policies.mlxlm` makes those decisions). `Mixed` is vLLM's
+scheduler's: one forward over every running decode and as many prompt tokens as its budget allows
+(`policies.vllm`).
 
 Named tuples: immutable like frozen dataclasses, and much cheaper to build in a long replay.
 """
@@ -67,4 +69,12 @@ class Generate(NamedTuple):
     rids: tuple[str, ...]
 
 
-Work = Prefill | Decode | JoinPrompt | BatchPrefill | FirstForward | Generate
+class Mixed(NamedTuple):
+    """One forward over prompt chunks and decodes together (vLLM's scheduler, `policies.vllm`):
+    `rows` are (request, tokens), a decode being a one-token row of a request whose prompt is
+    done. Projections and MLP run over every row's tokens at once, attention per row on the
+    request's own cache; each row that completes a prompt, and each decode row, samples a token."""
+    rows: tuple[tuple[str, int], ...]
+
+
+Work = Prefill | Decode | JoinPrompt | BatchPrefill | FirstForward | Generate | Mixed

@@ -10,11 +10,12 @@ is not installed here); numpy's .npz is: a zip of one .npy array per column, whi
 the end, so writing a log costs no memory that grows with it.
 
 Columns (index i of the `request_*` columns is the i-th request of the trace):
-- `call_kind` (0 prefill, 1 decode, 2 sync; mlx-lm's 3 prompt, 4 first, 5 generate), `call_start`, `call_end`, `call_tokens`,
+- `call_kind` (0 prefill, 1 decode, 2 sync; mlx-lm's 3 prompt, 4 first, 5 generate; 6 preempt; vLLM's 7
+  mixed), `call_start`, `call_end`, `call_tokens`,
   `call_prefix`, `call_joined`, `call_left`, `call_iteration`, `call_written`, `call_fresh`,
   `call_batched`; each call's requests as `call_nrids` counts into `call_rids` (request
   indexes), its contexts as `call_ncontexts` into `call_contexts`, a prompt call's rows' chunks
-  as `call_nchunks` into `call_chunks` (absent in files from before mlx-lm's calls);
+  (and a mixed call's rows' tokens) as `call_nchunks` into `call_chunks` (absent in files from before mlx-lm's calls);
 - `token_request`, `token_time`: every emission, grouped by request;
 - `request_id` (text), `request_arrival`, `request_prompt_len`, `request_output_len`,
   `request_prefilled`, and per-request figures in seconds when the run kept them
@@ -38,7 +39,7 @@ from sim.core.files import ExistsError, OutputError, dumps, new_file_mode
 from sim.engine.log import Call, EventLog, RequestInfo
 from sim.metrics.tally import RequestFigures, RequestTable
 
-KINDS = ("prefill", "decode", "sync", "prompt", "first", "generate", "preempt")  # 3-5: mlx-lm's (`sim.engine.log.Call`)
+KINDS = ("prefill", "decode", "sync", "prompt", "first", "generate", "preempt", "mixed")  # 3-5: mlx-lm's, 7 vLLM's (`sim.engine.log.Call`)
 _KIND = {k: i for i, k in enumerate(KINDS)}
 CALL_COLUMNS = {"call_kind": np.int8, "call_start": np.float64, "call_end": np.float64, "call_tokens": np.int64,
                 "call_prefix": np.int64, "call_joined": np.int32, "call_left": np.int32,

@@ -16,6 +16,7 @@ import numpy as np
 
 CAP = 1 << 20  # values held exactly: 8 MiB each (a million calls' worth)
 ALPHA = 1e-3  # relative error of a quantile once a distribution outgrows CAP (0.1%)
+PENDING = 1 << 16  # bucket keys held before they are counted into the sketch
 
 
 class Distribution:
@@ -24,6 +25,8 @@ class Distribution:
         self._held: list[np.ndarray] = []  # exact values while n <= cap
         self._n = 0
         self._sketch: dict[int, int] | None = None  # bucket -> count, once past cap
+        self._keys: list[np.ndarray] = []  # buckets of values folded since the sketch last counted them
+        self._pending = 0
         self._zeros = 0
         self._gamma = (1 + alpha) / (1 - alpha)
         self._log_gamma = math.log(self._gamma)
@@ -62,7 +65,18 @@ class Distribution:
             raise ValueError("Distribution holds non-negative values (times, gaps, latencies)")
         pos = v[v > 0]
         self._zeros += n - len(pos)
-        keys, counts = np.unique(np.ceil(np.log(pos) / self._log_gamma).astype(np.int64), return_counts=True)
+        self._keys.append(np.ceil(np.log(pos) / self._log_gamma).astype(np.int64))
+        self._pending += len(pos)
+        if self._pending >= PENDING:
+            self._count()
+
+    def _count(self) -> None:
+        """The buckets of the values folded since the last count, into the sketch (counted in bulk:
+        a request's gaps one at a time spent most of a long replay's scoring in `np.unique`)."""
+        if not self._keys:
+            return
+        keys, counts = np.unique(np.concatenate(self._keys), return_counts=True)
+        self._keys, self._pending = [], 0
         sk = self._sketch
         for k, c in zip(keys.tolist(), counts.tolist()):
             sk[k] = sk.get(k, 0) + c
@@ -146,6 +160,7 @@ class Distribution:
         if k < self._zeros:
             return 0.0
         seen = self._zeros
+        self._count()
         for key in sorted(self._sketch):
             seen += self._sketch[key]
             if seen > k:

@@ -19,7 +19,7 @@ from sim.engine.log import Call, EventLog
 
 FAULTED = 256  # minor faults (1 MiB of 4 KiB pages) from which a call counts as having met fresh memory
 TILE = 16  # a chunk of a multiple of this many rows runs the BLAS's fast kernels (see calibrate/measure/grid.py)
-KINDS = ("prefill", "decode", "single", "join", "leave", "grow", "prompt", "first", "generate", "merge")
+KINDS = ("prefill", "decode", "single", "join", "leave", "grow", "prompt", "first", "generate", "merge", "mixed")
 
 
 def call_kind(c: Call) -> str:
@@ -30,7 +30,7 @@ def call_kind(c: Call) -> str:
     rows joined or left since the last step, or its buffer grew)."""
     if c.kind == "prefill":
         return "prefill"
-    if c.kind in ("prompt", "first"):
+    if c.kind in ("prompt", "first", "mixed"):
         return c.kind
     if c.kind == "generate":
         return "merge" if c.written else "generate"
@@ -45,9 +45,12 @@ def call_kind(c: Call) -> str:
 
 def size_bucket(kind: str, tokens: int, rows: int = 1) -> str:
     """Prefill: chunk length range and whether it is a multiple of TILE; decode: batch size;
-    mlx-lm's prompt call: the (padded) chunk length as a prefill's, with `rows` rows."""
+    mlx-lm's prompt call: the (padded) chunk length as a prefill's, with `rows` rows; a mixed
+    forward: its rows and its tokens as a prefill's."""
     if kind == "prompt":
         return f"{rows}x " + size_bucket("prefill", tokens)
+    if kind == "mixed":
+        return f"{rows} rows " + size_bucket("prefill", tokens)
     if kind != "prefill":
         return f"batch {tokens}"
     lo = 1
@@ -61,7 +64,8 @@ def size_bucket(kind: str, tokens: int, rows: int = 1) -> str:
 
 def price_call(cost: CostModel, c: Call) -> float:
     """Seconds the cost model gives a logged call, from its logged shape alone."""
-    return price(cost, c.kind, c.tokens, c.prefix, c.contexts, c.batched, c.joined, c.left, c.written, c.fresh)
+    return price(cost, c.kind, c.tokens, c.prefix, c.contexts, c.batched, c.joined, c.left, c.written, c.fresh,
+                 c.chunks)
 
 
 def timed_calls(log: EventLog) -> Iterator[tuple[Call, int | None]]:

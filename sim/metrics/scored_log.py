@@ -52,7 +52,6 @@ class ScoredLog:
         self.outputs = self.table.output_len.tolist()
         self.writer = writer
         self.on_done = on_done  # called as each request is tallied (a progress bar's `update`)
-        self._last_prefill: str | None = None  # its first token is logged after the call (`EngineState.apply`)
         # an mlx-lm generation step (iteration, end, rids): it completes, and its tokens are emitted,
         # when its next() returns, at the end of its iteration's last call (`EventLog.decode_ends`)
         self._generate: tuple[int, float, tuple[str, ...]] | None = None
@@ -64,9 +63,6 @@ class ScoredLog:
     # ---- what the engine state calls ------------------------------------------------------------
 
     def add(self, call: Call) -> None:
-        if self._last_prefill is not None:
-            self._check(self._last_prefill)
-            self._last_prefill = None
         self.call_count += 1
         self._busy += call.end - call.start
         if self.writer is not None:
@@ -78,12 +74,8 @@ class ScoredLog:
                 self._end_generate()
         if call.kind == "generate":
             self._generate = (call.iteration, call.end, call.rids)
-        elif call.kind == "decode":
+        elif call.kind == "decode" or (call.kind == "mixed" and call.batched):  # (a decode rode in vLLM's forward)
             self.tally.decode_call(call.end, call.iteration)
-            for rid in call.rids:
-                self._check(rid)
-        elif call.kind == "prefill":
-            self._last_prefill = call.rids[0]
         elif call.kind == "preempt":
             self.tally.preemptions(1, call.tokens)
 
@@ -97,9 +89,6 @@ class ScoredLog:
     def add_stretch(self, stretch: Stretch) -> None:
         if self._generate is not None:
             self._end_generate()
-        if self._last_prefill is not None:
-            self._check(self._last_prefill)
-            self._last_prefill = None
         self.call_count += len(stretch)
         ends, its = [], []
         for col in stretch.columns:
@@ -115,9 +104,13 @@ class ScoredLog:
             ends, its = [ends[i] for i in order], [its[i] for i in order]
         self.tally.decode_calls(ends, its)
         for col in stretch.columns:
-            if col.kind in DECODE_KINDS:
+            if col.kind == "generate":  # mlx-lm's (pdsim's and vLLM's requests say when they are `done`)
                 for rid in col.rids:
                     self._check(rid)
+
+    def done(self, rid: str) -> None:
+        """The engine state says `rid` emitted its last token (its time final: pdsim's and vLLM's calls)."""
+        self._check(rid)
 
     def _check(self, rid: str) -> None:
         """Tally `rid` if it has emitted its last token."""
@@ -141,9 +134,6 @@ class ScoredLog:
         if not self._closed:
             if self._generate is not None:
                 self._end_generate()
-            if self._last_prefill is not None:
-                self._check(self._last_prefill)
-                self._last_prefill = None
             for rid, times in list(self.tokens.items()):
                 self._done(rid, times)
             self.tally.engine_calls(self.call_count, self._busy)

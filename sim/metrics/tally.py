@@ -18,6 +18,7 @@ flight, and at most a million values per distribution.
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +27,8 @@ from sim.engine.memory import GB
 from sim.metrics.quantiles import ALPHA, CAP, Distribution
 from sim.metrics.registry import NAMES
 
-FLUSH = 1 << 16  # decode ends and per-request figures buffered before they go into numpy
+FLUSH = 1 << 16  # decode ends buffered before they go into numpy
+DONE_FLUSH = 1 << 12  # emission times of finished requests buffered before they are tallied (32 KiB)
 
 
 @dataclass(frozen=True)
@@ -98,63 +100,87 @@ class Tally:
         self._finish_sorted = True
         self._finished_before = 0  # requests done at or before the latest judged gap's start
         self._emitted_any = False
-        self._lat: dict[str, list[float]] = {"ttft": [], "tpot": [], "e2el": []}
+        self._done_i: list[int] = []  # requests done, their emission counts and times, not yet tallied
+        self._done_n: list[int] = []
+        self._done_t = array("d")
         self._ends: list[float] = []  # decode ends whose gaps are not judged yet (`_judge`)
         self._its: list[int] = []
 
     # ---- events ------------------------------------------------------------------------------
 
     def request_done(self, i: int, times) -> None:
-        """Request `i` is done (or the run ended) with these emission times, in order."""
-        t = np.asarray(times, float)
-        n = len(t)
-        self.tokens += n
-        arrival, prefilled = float(self.table.arrival[i]), bool(self.table.prefilled[i])
-        if n:
-            last = float(t[-1])
-            if self._finish and last < self._finish[-1]:
+        """Request `i` is done (or the run ended) with these emission times, in order. Buffered and
+        tallied in bulk (`_tally_requests`): numpy on one request's few gaps at a time was most of
+        a replay's scoring."""
+        held = len(self._done_t)
+        self._done_t.extend(times.tolist() if isinstance(times, np.ndarray) else times)
+        self._done_i.append(i)
+        self._done_n.append(len(self._done_t) - held)
+        if len(self._done_t) >= DONE_FLUSH:
+            self._tally_requests()
+
+    def _tally_requests(self) -> None:
+        """Every buffered request's figures: its gaps, stalls, resumption gaps and latencies."""
+        if not self._done_i:
+            return
+        idx = np.asarray(self._done_i, np.int64)
+        n = np.asarray(self._done_n, np.int64)
+        t = np.frombuffer(self._done_t, float).copy()
+        self._done_i, self._done_n, self._done_t = [], [], array("d")
+        self.tokens += int(n.sum())
+        arrival, prefilled = self.table.arrival[idx], self.table.prefilled[idx]
+        last_at = np.cumsum(n) - 1
+        emitted = n > 0
+        last = t[last_at[emitted]]
+        if len(last):
+            if (self._finish and last[0] < self._finish[-1]) or np.any(np.diff(last) < 0):
                 self._finish_sorted = False
-            self._finish.append(last)
+            self._finish.extend(last.tolist())
             self._emitted_any = True
-            self.last_token = max(self.last_token, last)
-        if n >= 2:
-            gaps = np.diff(t)
-            ms = gaps * 1e3
-            self.itl.add(ms)
-            over = ms[ms > self.stall_ms]
-            self.stalls += len(over)
-            self.stall_excess_ms += float((over - self.stall_ms).sum())
-            # resumption gaps: each other request arriving in [t[j-1], t[j]) makes gap j one
-            k = np.searchsorted(self.arrivals, t[1:], "left") - np.searchsorted(self.arrivals, t[:-1], "left")
-            k -= (t[:-1] <= arrival) & (arrival < t[1:])  # its own arrival is no resumption
-            hit = k > 0
-            if hit.any():
-                self.resume_max = max(self.resume_max, float(gaps[hit].max()))
-                self.resume_sum += float((gaps * k).sum())
-                self.resume_n += int(k.sum())
-        ttft = float(t[0]) - arrival if n and not prefilled else None
-        e2el = float(t[-1]) - arrival if n else None
-        tpot = (float(t[-1]) - float(t[0])) / (n - 1) if n > 1 else None
-        if n == self.table.output_len[i]:  # completed
-            self.completed += 1
-            if not prefilled:
-                self.input_tokens += int(self.table.prompt_len[i])
-            for name, v in (("ttft", ttft), ("tpot", tpot), ("e2el", e2el)):
-                if v is not None:
-                    self._lat[name].append(v)
-            if self.slo is not None and _meets(ttft, tpot, e2el, self.slo):
-                self.good += 1
-            if len(self._lat["e2el"]) >= FLUSH:
-                self._flush_latencies()
+            self.last_token = max(self.last_token, float(last.max()))
+        # a gap is between two emissions of one request: owner[k] is the request of emission k
+        owner = np.repeat(np.arange(len(n)), n)
+        inner = owner[1:] == owner[:-1]
+        before, after, own = t[:-1][inner], t[1:][inner], owner[1:][inner]
+        gaps = after - before
+        ms = gaps * 1e3
+        self.itl.add(ms)
+        over = ms[ms > self.stall_ms]
+        self.stalls += len(over)
+        self.stall_excess_ms += float((over - self.stall_ms).sum())
+        # resumption gaps: each other request arriving in [before, after) makes the gap one
+        arr = arrival[own]
+        k = np.searchsorted(self.arrivals, after, "left") - np.searchsorted(self.arrivals, before, "left")
+        k -= (before <= arr) & (arr < after)  # its own arrival is no resumption
+        hit = k > 0
+        if hit.any():
+            self.resume_max = max(self.resume_max, float(gaps[hit].max()))
+            self.resume_sum += float((gaps * k).sum())
+            self.resume_n += int(k.sum())
+        padded = np.append(t, np.nan)  # a request that emitted nothing reads the NaN at the end
+        first = padded[np.where(emitted, last_at - n + 1, len(t))]
+        end = padded[np.where(emitted, last_at, len(t))]
+        ttft = np.where(~prefilled, first - arrival, np.nan)
+        e2el = end - arrival
+        tpot = np.where(n > 1, (end - first) / np.maximum(n - 1, 1), np.nan)
+        done = n == self.table.output_len[idx]
+        self.completed += int(done.sum())
+        self.input_tokens += int(self.table.prompt_len[idx][done & ~prefilled].sum())
+        for dist, v in ((self.ttft, ttft), (self.tpot, tpot), (self.e2el, e2el)):
+            v = v[done]
+            dist.add(v[~np.isnan(v)] * 1e3)
+        if self.slo is not None:
+            self.good += int((done & _meet(ttft, self.slo.ttft) & _meet(tpot, self.slo.tpot)
+                              & _meet(e2el, self.slo.e2el)).sum())
         if self.rows is not None:
-            rows, nan = self.rows, math.nan
-            rows.generated[i] = n
-            rows.ttft[i] = nan if ttft is None else ttft
-            rows.tpot[i] = nan if tpot is None else tpot
-            rows.e2el[i] = nan if e2el is None else e2el
-            if n >= 2:
-                rows.gap_max[i] = float(gaps.max())
-                rows.gap_p95[i] = float(np.percentile(gaps, 95))
+            rows = self.rows
+            rows.generated[idx], rows.ttft[idx], rows.tpot[idx], rows.e2el[idx] = n, ttft, tpot, e2el
+            if len(gaps):  # each request with two emissions or more owns one run of `gaps`
+                starts = np.flatnonzero(np.r_[True, own[1:] != own[:-1]])
+                two = idx[n >= 2]
+                rows.gap_max[two] = np.maximum.reduceat(gaps, starts)
+                for j, g in zip(two.tolist(), np.split(gaps, starts[1:])):
+                    rows.gap_p95[j] = float(np.percentile(g, 95))
 
     def decode_calls(self, ends, iterations) -> None:
         """Decode calls' end times and iterations, in time order."""
@@ -187,6 +213,7 @@ class Tally:
         had arrived by its start was unfinished then. Before the run ends, only gaps that start
         before the last end are judged: every request finished by then is known (calls come in
         time order). The first end buffered is the start of the next gap, never a gap's end."""
+        self._tally_requests()  # the requests finished by now are known
         ends = np.asarray(self._ends, float)
         if len(ends) < 2:
             return
@@ -211,17 +238,11 @@ class Tally:
             self._finish, self._finish_sorted = finish[behind:].tolist(), True
         self._ends, self._its = ends[m:].tolist(), its[m:].tolist()
 
-    def _flush_latencies(self) -> None:
-        for name, dist in (("ttft", self.ttft), ("tpot", self.tpot), ("e2el", self.e2el)):
-            dist.add(np.array(self._lat[name], float) * 1e3)
-            self._lat[name] = []
-
     # ---- the result -----------------------------------------------------------------------------
 
     def result(self) -> dict:
         """Every metric, in the registry's order (NaN where the run cannot measure one)."""
         self._judge(final=True)
-        self._flush_latencies()
         m: dict = {}
         g = self.gaps
         m["decode_gap_p50_ms"] = g.nearest_rank(0.50)
@@ -279,11 +300,11 @@ def _stats(d: Distribution, name: str, out: dict) -> None:
         out[f"p{q}_{name}_ms"] = d.percentile(q / 100)
 
 
-def _meets(ttft, tpot, e2el, slo: Slo) -> bool:
-    for v, target in ((ttft, slo.ttft), (tpot, slo.tpot), (e2el, slo.e2el)):
-        if target is not None and v is not None and v * 1e3 > target:
-            return False
-    return True
+def _meet(seconds: np.ndarray, target_ms: float | None) -> np.ndarray:
+    """Whether each value meets its SLO target (an undefined value, NaN, meets any)."""
+    if target_ms is None:
+        return np.ones(len(seconds), bool)
+    return ~(seconds * 1e3 > target_ms)
 
 
 ESTIMATE_NOTE = (f"percentiles and medians of a metric with more than {CAP:,} values are estimated "

@@ -154,3 +154,17 @@ def calibration_chart(frame: pd.DataFrame) -> alt.HConcatChart:
     ).properties(width=230, height=130).facet(row=alt.Row("step:N", title=None)).properties(
         title="relative error by step size").resolve_scale(x="independent")
     return alt.hconcat(left, right)
+
+
+def capacity_chart(frame: pd.DataFrame) -> alt.FacetChart:
+    """Each SLO metric against requests/s, one line per setting, the SLO's bound a dashed rule: a
+    setting's capacity is where its line crosses the rule."""
+    line = alt.Chart().mark_line(point=True, opacity=0.85).encode(
+        x=alt.X("rate:Q", title="requests/s", scale=alt.Scale(type="log")),
+        y=alt.Y("value:Q", title=None, scale=alt.Scale(type="log")),
+        color=alt.Color("label:N", title="setting"),
+        tooltip=["label:N", alt.Tooltip("rate:Q", format=".4g"), "metric:N", alt.Tooltip("value:Q", format=".4g")])
+    rule = alt.Chart().mark_rule(color="#d62728", strokeDash=[5, 3]).encode(y="bound:Q")
+    return alt.layer(line, rule, data=frame).properties(width=WIDTH, height=HEIGHT).facet(
+        facet=alt.Facet("metric:N", title=None), columns=2).resolve_scale(y="independent").properties(
+        title="SLO metrics against the arrival rate (dashed: the SLO)")

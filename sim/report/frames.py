@@ -248,3 +248,19 @@ def calibration_frame(profile: dict) -> pd.DataFrame:
 
 
 
+
+
+def capacity_frame(curve: pd.DataFrame, slo: list[str]) -> pd.DataFrame:
+    """Each SLO metric against the arrival rate, setting by setting (`pdsim capacity`'s runs), long
+    form: label, rate, metric, value, bound."""
+    from sim.sweep.pick import parse_constraint
+    rows = []
+    for c in map(parse_constraint, slo):
+        if c.metric not in curve.columns:
+            continue
+        for _, r in curve.sort_values("rate_req_s").iterrows():
+            v = r[c.metric]
+            if pd.notna(v):
+                rows.append({"label": r["label"], "rate": float(r["rate_req_s"]), "metric": c.metric, "value": float(v),
+                             "bound": c.bound})
+    return pd.DataFrame(rows, columns=["label", "rate", "metric", "value", "bound"])

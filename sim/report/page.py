@@ -17,6 +17,7 @@ from sim.core.outdir import OutputFolder
 from sim.metrics import registry
 from sim.report.charts import (
     calibration_chart,
+    capacity_chart,
     confirm_chart,
     confirm_error_chart,
     ecdf_chart,
@@ -26,6 +27,7 @@ from sim.report.charts import (
 )
 from sim.report.frames import (
     calibration_frame,
+    capacity_frame,
     call_frame,
     confirm_frame,
     ecdf_frame,
@@ -41,6 +43,7 @@ from sim.report.sources import (
     ReportError,
     Sweep,
     confirm_logs,
+    load_capacity,
     load_confirm,
     load_simulate,
     load_sweep,
@@ -59,9 +62,22 @@ class Section:
 
 
 def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, profile: dict | None = None,
-                   simulated: dict | None = None, latency: str | None = None) -> tuple[list[Section], dict]:
+                   simulated: dict | None = None, latency: str | None = None,
+                   capacity: tuple[dict, object] | None = None) -> tuple[list[Section], dict]:
     """Every chart the inputs allow, in page order, and a JSON-able summary of what went in."""
     secs, summary = [], {}
+    if capacity is not None:  # `pdsim capacity`: each SLO metric against the rate, and the pick
+        doc, curve = capacity
+        cap = capacity_frame(curve, doc["slo"])
+        rows = [{k: r.get(k) for k in ("label", "capacity_req_s", "breaks_at_req_s", "slo_margin")}
+                for r in doc["settings"]]
+        secs.append(Section("capacity", "Capacity: the most traffic each setting serves under the SLOs",
+                            f"Every run of the search: {', '.join(doc['slo'])} against the arrival rate, one line "
+                            f"per setting; a setting's capacity is the highest rate at which it met every SLO. "
+                            f"{doc.get('why', '')}", capacity_chart(cap) if len(cap) else None,
+                            "" if len(cap) else "the search recorded none of the SLO metrics",
+                            _html_table(rows, ["label", "capacity_req_s", "breaks_at_req_s", "slo_margin"])))
+        summary["capacity"] = {"pick": doc.get("pick"), "slo": doc["slo"]}
     # trade-off and gap percentiles, from a sweep
     if sweep is not None:
         inp = sweep.doc.get("inputs", {})
@@ -276,7 +292,7 @@ def png_bytes(chart, scale: float = 2.0) -> bytes:
     return vlc.vegalite_to_png(chart.to_dict(), vl_version=vl_version_for_vl_convert(), scale=scale)
 
 
-SECTIONS = ("tradeoff", "gaps", "gap_ecdf", "timeline", "confirm", "confirm_error", "confirm_calls", "calibration")
+SECTIONS = ("capacity", "tradeoff", "gaps", "gap_ecdf", "timeline", "confirm", "confirm_error", "confirm_calls", "calibration")
 REPORT_NAMES = ("report.html", "report.json") + tuple(f"{n}.png" for n in SECTIONS)  # what a report owns in its folder
 
 
@@ -305,23 +321,27 @@ def write_report(out_dir: str | Path | OutputFolder, sections: list[Section], in
 
 
 def make_report(out_dir: str | Path, sweep_dir=None, confirm_path=None, profile_path=None, simulate_path=None,
-                latency: str | None = None, overwrite: bool = False, png: bool = True) -> dict:
+                latency: str | None = None, overwrite: bool = False, png: bool = True, capacity_dir=None) -> dict:
     """Read whichever inputs are given, build every chart they allow, write the report."""
-    if not any((sweep_dir, confirm_path, profile_path, simulate_path)):
-        raise ReportError("nothing to report: give --sweep DIR, --confirm FILE, --profile FILE or --simulate FILE")
+    if not any((sweep_dir, confirm_path, profile_path, simulate_path, capacity_dir)):
+        raise ReportError("nothing to report: give --sweep DIR, --capacity DIR, --confirm FILE, --profile FILE or "
+                          "--simulate FILE")
     with OutputFolder(out_dir, REPORT_NAMES, overwrite, "report folder") as folder:  # before reading anything
-        return _make_report(folder, sweep_dir, confirm_path, profile_path, simulate_path, latency, overwrite, png)
+        return _make_report(folder, sweep_dir, confirm_path, profile_path, simulate_path, latency, overwrite, png,
+                            capacity_dir)
 
 
 def _make_report(folder: OutputFolder, sweep_dir, confirm_path, profile_path, simulate_path, latency, overwrite,
-                 png) -> dict:
+                 png, capacity_dir=None) -> dict:
     from sim.cost.profile import load_profile
     sweep = load_sweep(sweep_dir) if sweep_dir else None
     confirm = load_confirm(confirm_path) if confirm_path else None
     profile = load_profile(profile_path) if profile_path else None
     simulated = load_simulate(simulate_path) if simulate_path else None
-    sections, summary = build_sections(sweep, confirm, profile, simulated, latency)
+    capacity = load_capacity(capacity_dir) if capacity_dir else None
+    sections, summary = build_sections(sweep, confirm, profile, simulated, latency, capacity)
     inputs = {"sweep": str(sweep_dir) if sweep_dir else None, "confirm": str(confirm_path) if confirm_path else None,
               "profile": str(profile_path) if profile_path else None,
-              "simulate": str(simulate_path) if simulate_path else None}
+              "simulate": str(simulate_path) if simulate_path else None,
+              **({"capacity": str(capacity_dir)} if capacity_dir else {})}
     return write_report(folder, sections, inputs, summary, overwrite, png)

@@ -139,3 +139,20 @@ def trace_name(meta: dict) -> str:
 
 # --- frames: what the charts draw --------------------------------------------------------------
 
+
+
+def load_capacity(directory: str | Path) -> tuple[dict, pd.DataFrame]:
+    """capacity.json and curve.csv of `pdsim capacity` (or `pdsim tune`'s capacity folder)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ReportError(f"capacity {directory}: no such directory")
+    doc = _read_json(directory / "capacity.json", "capacity results")
+    if not isinstance(doc.get("settings"), list) or not isinstance(doc.get("slo"), list):
+        raise ReportError(f"capacity results {directory / 'capacity.json'}: no settings or SLOs")
+    try:
+        curve = pd.read_csv(directory / "curve.csv")
+    except (OSError, ValueError) as e:
+        raise ReportError(f"capacity {directory / 'curve.csv'}: {type(e).__name__}: {e}") from None
+    if not {"label", "rate_req_s"} <= set(curve.columns):
+        raise ReportError(f"capacity {directory / 'curve.csv'}: not a capacity curve (no label, rate_req_s columns)")
+    return doc, curve

@@ -146,7 +146,8 @@ def table(found: list[Search], trace_name: str, inputs: Inputs, constraints: lis
         at = dict(f.runs).get(f.lo, {}) if f.met_lo else {}
         rows.append({"label": setting_label(f.setting), **f.setting,
                      "capacity_req_s": f.lo * rate if f.met_lo else None,
-                     "capacity_scale": f.lo if f.met_lo else None, "breaks_at_req_s": f.hi * rate,
+                     "capacity_scale": f.lo if f.met_lo else None,
+                     "breaks_at_req_s": (f.hi if f.met_lo else f.lo) * rate,  # below the range: at its bottom
                      "slo_margin": margin(at, constraints) if f.met_lo else None, "runs": len(f.runs)})
     df = pd.DataFrame(rows)
     return df.sort_values(["capacity_req_s", "slo_margin"], ascending=False, na_position="last",

@@ -195,6 +195,8 @@ def work_estimate(point: Point, trace: Trace) -> float:
     s = point.setting
     if s["policy"] == "mlx-lm":
         return out / s["decode_concurrency"] + prompt / (s["prefill_step"] * s["prompt_concurrency"])
+    if s["policy"] == "vllm":
+        return out / s["max_num_seqs"] + prompt / s["max_num_batched_tokens"]
     one_at_a_time = s["policy"] == "fifo" or s.get("decode") == "single"
     budget = s["budget"] if isinstance(s["budget"], int) else 64 if s["budget"] else 1e9  # auto:MS: a guess
     return out / (1 if one_at_a_time else s["batch_size"]) + prompt / budget
