@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from calibrate.engine.model import build_as_profiled, build_model, weights_bytes
+from calibrate.engine.model import build_as_profiled, build_model, is_hybrid, weights_bytes
 from calibrate.fit.common import HELD_OUT
 from calibrate.fit.memory import fit_memory, model_config
 from calibrate.fit.pdsim import fit_profile
@@ -32,7 +33,7 @@ from sim.core.outdir import file_sha256
 from sim.cost.profile import cost_model, load_profile
 from sim.engine.heap import GROUPS
 from sim.engine.log import EventLog
-from sim.engine.memory import profile_kv_bytes
+from sim.engine.memory import attention_layers, profile_kv_bytes
 from sim.engine.work import EngineError
 from traces.trace import Trace
 
@@ -50,6 +51,9 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
     if need > lm.max_context:
         raise UserError(f"grid needs a context of {need} tokens; {model} allows {lm.max_context}")
     loads = workloads(max(grid.batches), grid.longest_prompt(), lm.vocab_size)
+    if is_hybrid(lm.config):  # vLLM's fused forward runs dense models only (`calibrate.engine.mixed`)
+        grid = replace(grid, fused=[])
+        loads = {part: [w for w in ws if w.setting["policy"] != "vllm"] for part, ws in loads.items()}
     # what the partial file's measurements are of: a resume of other work is refused (calibrate.measure.journal)
     header = {"model": model, "dtype": dtype, "quant_bits": quant_bits, "weights": lm.source,
               "device": host["id"], "grid": grid.to_dict(), "seed": seed, "layout": "rounds+engine",
@@ -60,7 +64,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
         after = runs.schedule(grid.repeats)
         samples = run_grid(lm, grid, journal, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
         engine = runs.records()
-    groups = lm.config["num_hidden_layers"]  # the heap model follows each layer's arrays (`sim.engine.heap`)
+    groups = attention_layers(lm.config)  # the heap model follows each KV layer's arrays (`sim.engine.heap`)
     samples += engine_samples(engine, groups)
     fitted = fit_profile(samples, seed=seed, page=dear_page_seconds(reference_probes({"engine_runs": engine})))
     fitted["cost"]["heap_groups"] = groups
@@ -194,11 +198,11 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
 
 def check_grid(grid: Grid, model: str) -> None:
     """Before building anything: a grid the fit can use, within the model's context."""
-    from calibrate.engine.model import QWEN3_CONFIGS
+    from calibrate.engine.model import MODELS
     for name in ("chunks", "offsets", "batches", "contexts"):
         if not getattr(grid, name):
             raise UserError(f"the grid has no {name}")
-    limit = QWEN3_CONFIGS.get(model, {}).get("max_position_embeddings")
+    limit = MODELS.get(model, {}).get("max_position_embeddings")
     if limit and grid.max_context() > limit:
         raise UserError(f"grid needs a context of {grid.max_context()} tokens; {model} allows {limit}")
 

@@ -27,6 +27,7 @@ from calibrate.profiles import refuse_existing, write_profile
 from policies.mlxlm import check_version
 from sim.core.errors import UserError
 from sim.engine.heap import GROUPS
+from sim.engine.memory import attention_layers
 from traces.generators import fixed, poisson
 from traces.trace import Trace
 
@@ -78,7 +79,7 @@ def calibrate_mlx_lm(model: str, grid: MlxLmGrid, out: Path, dtype: str = "float
         samples = run_grid(lm, grid, journal, seed=seed, progress=progress,
                            after_round=lambda r: runs.run(after[r]), profiler=MlxLmProfiler(lm, grid))
         engine = runs.records()
-    groups = lm.config["num_hidden_layers"]  # the heap model follows each layer's arrays (`sim.engine.heap`)
+    groups = attention_layers(lm.config)  # the heap model follows each KV layer's arrays (`sim.engine.heap`)
     samples += engine_samples(engine, groups)
     fitted = fitted_profile(samples, engine, seed, groups)
     timing = {"build_s": build_s, "calibrate_s": time.perf_counter() - t0}

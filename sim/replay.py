@@ -43,7 +43,7 @@ def simulate(trace: Trace, policy: Policy, cost: CostModel, steady: bool = True,
                            f"policy {policy.name!r} runs on pdsim's engine: calibrate without --engine for it")
     limit = kv_limit_of(policy, cost.kv_bytes, cost.kv_capacity)
     heap = warmed(warmup, policy, cost) if warmup is not None else cost.fresh_heap()
-    state = EngineState(trace, heap, log, cost.memory, limit, counts=cost.prices_kv)
+    state = EngineState(trace, heap, log, cost.memory, limit, counts=cost.prices_kv, state_tokens=cost.state_tokens)
     _serve(state, policy, cost, steady and noise is None, noise)
     return state.log
 
@@ -53,7 +53,7 @@ def warmed(warmup: Trace, policy: Policy, cost: CostModel, heap: Heap | None = N
     `heap` (a measured run's: every buffer followed), or the cost model's (`CostModel.fresh_heap`)."""
     state = EngineState(warmup, heap if heap is not None else cost.fresh_heap(),
                         kv_limit=kv_limit_of(policy, cost.kv_bytes, cost.kv_capacity),
-                        counts=heap is not None or cost.prices_kv)
+                        counts=heap is not None or cost.prices_kv, state_tokens=cost.state_tokens)
     _serve(state, policy, cost, True)
     return state.kv.released()
 

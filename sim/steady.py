@@ -62,9 +62,10 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
             seen.update(w.rids)
         steps = n if steps is None else min(steps, n)
     if steps and state.kv_limit is not None:  # the iterations whose tokens fit the KV limit (`sim.engine.kvlimit`)
-        grows = state.kv_after(work) - state.kv_used
+        held = state.kv_held()
+        grows = state.kv_after(work) - held
         if grows:
-            steps = min(steps, (state.kv_limit - state.kv_used) // grows)
+            steps = min(steps, (state.kv_limit - held) // grows)
     return steps or 0
 
 
@@ -98,7 +99,7 @@ def _mixed_steps(state: EngineState, work: list[Work]) -> int:
     n = min(ready[rid].output_left for rid, _ in work[0].rows)
     n = min([n] + [_room(state, state.kv.own.get(rid, 0), ready[rid].context - 1, 1) for rid, _ in work[0].rows])
     if state.kv_limit is not None:
-        n = min(n, (state.kv_limit - state.kv_used) // len(work[0].rows))
+        n = min(n, (state.kv_limit - state.kv_held()) // len(work[0].rows))
     return n
 
 

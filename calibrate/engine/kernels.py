@@ -14,7 +14,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from calibrate.engine.model import LoadedModel
 
@@ -22,8 +22,31 @@ Cache = list[Any]  # one mlx-lm cache per layer
 
 
 def new_cache(lm: LoadedModel) -> Cache:
-    """A fresh per-request KV cache: one `KVCache` per layer."""
+    """A fresh per-request cache: one `KVCache` per attention layer, one `ArraysCache` (its
+    conv and recurrent state) per linear-attention layer of a hybrid model."""
     return make_prompt_cache(lm.model)
+
+
+def _merge(caches: list) -> Any:
+    """One layer's per-request caches as one batch cache: left-padded KV rows (`BatchKVCache`), or a
+    linear layer's states stacked (`ArraysCache.merge`)."""
+    return type(caches[0]).merge(caches)
+
+
+def is_kv(layer) -> bool:
+    """Whether a layer's cache is an attention layer's KV cache (else a linear layer's `ArraysCache`)."""
+    return not isinstance(layer, ArraysCache)
+
+
+def first_kv(cache: Cache):
+    """The cache's first attention layer: what its length and buffer sizes are read from (a linear
+    layer's state has neither)."""
+    return next(c for c in cache if is_kv(c))
+
+
+def offset(cache: Cache) -> int:
+    """Tokens the cache holds."""
+    return first_kv(cache).offset
 
 
 def materialize(cache: Cache) -> None:
@@ -88,7 +111,8 @@ def decode_one(lm: LoadedModel, cache: Cache, last_token: int) -> int:
 
 
 class DecodeBatch:
-    """The requests decoding together, over one left-padded `BatchKVCache` per layer.
+    """The requests decoding together, over one left-padded `BatchKVCache` per attention layer
+    (and, in a hybrid model, the rows' stacked states per linear layer).
 
     Row i of the batch holds request `ids[i]`. Rows are left-padded to a common length;
     `left_padding` masks the padding and each row's `offset` is its own position, so RoPE and
@@ -140,8 +164,7 @@ class DecodeBatch:
         rows = [self.ids[i] for i in keep]
 
         if joining:
-            merged = [BatchKVCache.merge([caches[rid][layer] for rid in joining])
-                      for layer in range(self.lm.num_layers)]
+            merged = [_merge([caches[rid][layer] for rid in joining]) for layer in range(self.lm.num_layers)]
             if self.cache is None:
                 self.cache = merged
             else:

@@ -16,7 +16,7 @@ import mlx.core as mx
 from mlx_lm.models.base import scaled_dot_product_attention
 
 from calibrate.engine.kernels import Cache, _head
-from calibrate.engine.model import LoadedModel
+from calibrate.engine.model import LoadedModel, ModelError, is_hybrid
 
 
 def mixed_forward(lm: LoadedModel, caches: list[Cache], rows: list[list[int]]) -> list[tuple[int, mx.array]]:
@@ -24,6 +24,9 @@ def mixed_forward(lm: LoadedModel, caches: list[Cache], rows: list[list[int]]) -
     each row's greedy next token and its last position's float32 logits."""
     if not rows or any(not r for r in rows):
         raise ValueError("mixed_forward needs rows of at least one token each")
+    if is_hybrid(lm.config):
+        raise ModelError(f"{lm.name}: vLLM's fused forward runs dense Qwen3 models only; a hybrid model runs "
+                         "the chunked, eager and fifo policies and mlx-lm")
     m = lm.model.model
     bounds, start = [], 0
     for r in rows:

@@ -15,6 +15,7 @@ import importlib
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from calibrate.engine.kernels import first_kv
 from calibrate.engine.model import LoadedModel
 
 G = importlib.import_module("mlx_lm.generate")  # the module: the package's `generate` is a function
@@ -72,7 +73,7 @@ class MlxLmBatches:
         left padding evaluates it)."""
         out = {}
         for name, b in (("prompt", self.prompt), ("gen", self.gen)):
-            c = b.prompt_cache[0] if b.prompt_cache else None
+            c = first_kv(b.prompt_cache) if b.prompt_cache else None
             out[name] = (list(b.uids), c.left_padding.tolist() if c is not None else [], c._idx if c is not None else 0,
                          c.keys.shape[2] if c is not None and c.keys is not None else 0)
         return out

@@ -1,4 +1,9 @@
-"""Build a Qwen3 model with mlx-lm: random weights in the official shapes, or local weights.
+"""Build a Qwen3 or Qwen3.5 model with mlx-lm: random weights in the official shapes, or local weights.
+
+Qwen3.5 is a hybrid: three Gated DeltaNet (linear-attention) layers to one full-attention layer
+(`full_attention_interval` 4), built from mlx-lm's own `qwen3_5.TextModel`; a linear layer keeps a
+fixed-size state per request (mlx-lm's `ArraysCache`: a conv state and a float32 recurrent
+state) where an attention layer keeps a growing KV cache.
 
 Timing is a property of shapes, not of weight values, so random weights are the default: no
 download, and the same kernels run on the same shapes as the released checkpoint. Real weights
@@ -18,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.models import qwen3
+from mlx_lm.models import qwen3, qwen3_5
 
 from calibrate.host.malloc import keep_freed_memory
 from sim.core.errors import UserError
@@ -49,6 +54,25 @@ QWEN3_CONFIGS: dict[str, dict] = {
                        vocab_size=1024, max_position_embeddings=4096, tie_word_embeddings=False),
 }
 
+_ROPE_35 = {"type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25}
+# Qwen3.5's text model, the shapes of its published config.json (Qwen/Qwen3.5-0.8B: 18 linear and 6
+# full-attention layers). qwen3.5-tiny is ours, for fast tests: three linear layers and one full.
+HYBRID_CONFIGS: dict[str, dict] = {
+    "qwen3.5-0.8b": dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=1024, num_hidden_layers=24,
+                         intermediate_size=3584, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+                         linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                         linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
+                         rms_norm_eps=1e-6, max_position_embeddings=262144, tie_word_embeddings=True,
+                         rope_parameters=_ROPE_35),
+    "qwen3.5-tiny": dict(model_type="qwen3_5_text", vocab_size=1024, hidden_size=64, num_hidden_layers=4,
+                         intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                         linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=4,
+                         rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=False,
+                         rope_parameters=_ROPE_35),
+}
+MODELS: dict[str, dict] = {**QWEN3_CONFIGS, **HYBRID_CONFIGS}  # every model `--model` names
+
 # Hugging Face repositories, for weights="hf-cache" (looked up offline in the local cache only).
 HF_REPOS: dict[str, str] = {
     "qwen3-0.6b": "Qwen/Qwen3-0.6B",
@@ -72,10 +96,15 @@ class ModelError(UserError, ValueError):
     """A model cannot be built as asked; the message is one line a user can act on."""
 
 
+def is_hybrid(config: dict) -> bool:
+    """Whether the model has linear-attention layers (Qwen3.5, Qwen3-Next)."""
+    return "full_attention_interval" in config
+
+
 @dataclass
 class LoadedModel:
     name: str
-    model: qwen3.Model
+    model: qwen3.Model | qwen3_5.TextModel
     config: dict
     dtype: str
     quant_bits: int | None
@@ -138,8 +167,8 @@ def build_model(
     weights=None: random weights (deterministic by `seed`); a directory: a Hugging Face snapshot
     (config.json + *.safetensors); "hf-cache": the snapshot of `name` in the local HF cache.
     """
-    if name not in QWEN3_CONFIGS:
-        raise ModelError(f"unknown model {name!r}; known: {', '.join(QWEN3_CONFIGS)}")
+    if name not in MODELS:
+        raise ModelError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     keep_freed_memory()  # before the weights: the engine's process keeps what it frees (`calibrate.host.malloc`)
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
@@ -147,15 +176,17 @@ def build_model(
         raise ModelError(f"quant_bits must be None, 4 or 8, not {quant_bits!r}")
 
     if weights is None:
-        config = dict(QWEN3_CONFIGS[name])
-        model = random_weights(qwen3.Model(qwen3.ModelArgs.from_dict(config)), seed)
+        config = dict(MODELS[name])
+        model = random_weights(architecture(config), seed)
         source = "random"
+    elif name in HYBRID_CONFIGS:
+        raise ModelError(f"{name}: only random weights for now (its shapes are what calibration times)")
     else:
         path = _hf_cache_snapshot(name) if weights == "hf-cache" else Path(weights).expanduser()
         config, model = _load_local(name, path)
         source = str(path)
 
-    model.set_dtype(DTYPES[dtype])  # only floating-point parameters; packed ints stay as they are
+    _cast(model, DTYPES[dtype])
     if quant_bits is not None and "quantization" not in config:
         nn.quantize(model, group_size=64, bits=quant_bits)
         config["quantization"] = {"group_size": 64, "bits": quant_bits}
@@ -166,6 +197,21 @@ def build_model(
     model.eval()
     bits = config.get("quantization", {}).get("bits")
     return LoadedModel(name, model, config, dtype, bits, source)
+
+
+def _cast(model: nn.Module, dtype: mx.Dtype) -> None:
+    """Floating-point parameters to `dtype` (packed ints stay as they are), but what the model keeps
+    in float32 whatever its dtype (Qwen3.5's A_log: mlx-lm's `cast_predicate`, as its loader casts)."""
+    keep = getattr(model, "cast_predicate", None) or (lambda _: True)
+    model.update(tree_unflatten([(k, v.astype(dtype)) for k, v in tree_flatten(model.parameters())
+                                 if mx.issubdtype(v.dtype, mx.floating) and keep(k)]))
+
+
+def architecture(config: dict) -> nn.Module:
+    """mlx-lm's model for `config`: a dense Qwen3, or Qwen3.5's text model (a hybrid)."""
+    if is_hybrid(config):
+        return qwen3_5.TextModel(qwen3_5.TextModelArgs.from_dict(config))
+    return qwen3.Model(qwen3.ModelArgs.from_dict(config))
 
 
 def _hf_cache_snapshot(name: str) -> Path:

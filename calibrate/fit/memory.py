@@ -21,7 +21,13 @@ from scipy.optimize import lsq_linear
 
 from sim.engine.kvcache import STEP, write
 from sim.engine.log import EventLog
-from sim.engine.memory import MemoryModel, decode_features, kv_bytes_per_token, prefill_features
+from sim.engine.memory import (
+    MemoryModel,
+    decode_features,
+    kv_bytes_per_token,
+    prefill_features,
+    state_bytes_per_request,
+)
 from sim.engine.relog import relog
 from traces.trace import Trace
 
@@ -116,7 +122,8 @@ def fit_memory(samples: list[dict], config: dict, weights: float, runs: list[dic
         errors[step] = {"points": len(pts), "held_out": len(held), "form_mean": float(e.mean()),
                         "form_max": float(e.max()), "cv_folds": FOLDS, "cv_form_mean": float(cv.mean()),
                         "cv_form_median": float(np.median(cv)), "cv_form_max": float(cv.max())}
-    model = MemoryModel(float(weights), float(kv), tuple(coefs["prefill"]), tuple(coefs["decode"]))
+    model = MemoryModel(float(weights), float(kv), tuple(coefs["prefill"]), tuple(coefs["decode"]),
+                        float(state_bytes_per_request(config)))
     peaks = run_peaks(model, list(runs))
     if peaks:
         errors["runs"] = peaks

@@ -92,8 +92,9 @@ def on_gpu() -> bool:
     return mx.default_device().type == mx.gpu
 
 
-def ensure_fast_blas(argv: list[str]) -> None:
-    """On Linux, re-exec this command once with an installed OpenBLAS preloaded (if not already)."""
+def ensure_fast_blas(argv: list[str], entry: tuple[str, ...] = ("-m", "sim.cli")) -> None:
+    """On Linux, re-exec this command once with an installed OpenBLAS preloaded (if not already);
+    `entry`: what runs it (pdsim's CLI, or a script's path)."""
     if platform.system() != "Linux" or os.environ.get(MARK) or "libopenblas" in os.environ.get("LD_PRELOAD", ""):
         return
     if on_gpu():
@@ -109,4 +110,4 @@ def ensure_fast_blas(argv: list[str]) -> None:
     if core := core_override(lib):
         env["OPENBLAS_CORETYPE"] = core
     sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "sim.cli", *argv], env)
+    os.execve(sys.executable, [sys.executable, *entry, *argv], env)

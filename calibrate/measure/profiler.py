@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache
 from tqdm import tqdm
 
 import policies
 from calibrate.engine.executor import RealEngine
-from calibrate.engine.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
+from calibrate.engine.kernels import Cache, DecodeBatch, decode_one, first_kv, is_kv, new_cache, offset, prefill_chunk
 from calibrate.engine.mixed import mixed_forward
 from calibrate.engine.model import LoadedModel
 from calibrate.measure.grid import Grid
@@ -39,15 +39,30 @@ def master_cache(lm: LoadedModel, length: int, chunk: int = 256) -> Cache:
     cache = new_cache(lm)
     rng = random.Random(0)
     prefill_chunk(lm, cache, [rng.randrange(lm.vocab_size) for _ in range(min(length, chunk))])
-    rest = length - cache[0].offset
+    rest = length - offset(cache)
     if rest > 0:
         for c in cache:
+            if not is_kv(c):  # a linear layer's state: one size at any length (its values do not time)
+                continue
             k, v = c.keys[..., :c.offset, :], c.values[..., :c.offset, :]
             shape = (*k.shape[:2], rest, k.shape[3])
             c.update_and_fetch(mx.random.normal(shape, k.dtype) * mx.std(k) + mx.mean(k),
                                mx.random.normal(shape, v.dtype) * mx.std(v) + mx.mean(v))
-        mx.eval([(c.keys, c.values) for c in cache])
+        mx.eval([c.state for c in cache])
     return cache
+
+
+def kv_capacity(cache: Cache) -> int:
+    """Token-rows the cache's KV buffers hold room for (its first attention layer's)."""
+    c = first_kv(cache)
+    return c.keys.shape[2] if c.keys is not None else 0
+
+
+def _state_copy(m: ArraysCache, rows: int = 1) -> ArraysCache:
+    """A linear layer's state for `rows` requests, copied from the master's (its values do not time)."""
+    c = ArraysCache(len(m.cache))
+    c.cache = [mx.array(x) if rows == 1 else mx.concatenate([x] * rows) for x in m.cache]
+    return c
 
 
 def sliced(master: Cache, n: int) -> Cache:
@@ -60,6 +75,9 @@ def sliced(master: Cache, n: int) -> Cache:
     alloc = (n // step + 1) * step
     out = []
     for m in master:  # copies, not views of the master: a step on a view of a longer buffer costs
+        if not is_kv(m):
+            out.append(_state_copy(m))
+            continue
         c = KVCache()  # more per cached token (a single decode at 777 tokens: 299 ms, 246 on a copy)
         # `mx.array`, not `mx.contiguous`: where `alloc` is the master's whole capacity the slice is
         # contiguous already, `mx.contiguous` returns the master's own buffer, and the first write
@@ -67,7 +85,7 @@ def sliced(master: Cache, n: int) -> Cache:
         # never makes, seen in the measured peaks (qwen3-tiny: 197 KB for a 16-token chunk, 84 KB on a copy)
         c.state = (mx.array(m.keys[..., :alloc, :]), mx.array(m.values[..., :alloc, :]), n)
         out.append(c)
-    mx.eval([(c.keys, c.values) for c in out])
+    mx.eval([c.state for c in out])
     return out
 
 
@@ -82,6 +100,9 @@ def batch_cache(master: Cache, contexts: list[int]) -> Cache:
     pads = [longest - c for c in contexts]
     out = []
     for m in master:
+        if not is_kv(m):
+            out.append(_state_copy(m, len(contexts)))
+            continue
         k, v = m.keys, m.values
         keys = mx.zeros((len(contexts), k.shape[1], longest + step, k.shape[3]), k.dtype)
         values = mx.zeros((len(contexts), v.shape[1], longest + step, v.shape[3]), v.dtype)
@@ -143,7 +164,7 @@ class Profiler:
         chunk = self.ids[:p["chunk"]]
         for _ in range(untimed + 1):
             cache = sliced(self.master, p["prefix"]) if p["prefix"] else new_cache(self.lm)
-            cap = cache[0].keys.shape[2] if cache[0].keys is not None else 0
+            cap = kv_capacity(cache)
             dt, peak = _measured(lambda: prefill_chunk(self.lm, cache, chunk))
         return dt, {"batch": 1, "written": write(cap, p["prefix"], p["chunk"])[1], "peak_extra": peak}
 
@@ -174,7 +195,7 @@ class Profiler:
                 caches.append(sliced(self.master, p["prompt_prefix"]) if p["prompt_prefix"] else new_cache(self.lm))
                 rows.append(self.ids[:p["prompt"]])
                 prefixes.append(p["prompt_prefix"])
-            caps = [c[0].keys.shape[2] if c[0].keys is not None else 0 for c in caches]
+            caps = [kv_capacity(c) for c in caches]
             dt, peak = _measured(lambda: mixed_forward(self.lm, caches, rows))
         written = sum(write(cap, pre, len(r))[1] for cap, pre, r in zip(caps, prefixes, rows))
         return dt, {"batch": len(rows), "chunks": [len(r) for r in rows], "prefixes": prefixes, "written": written,

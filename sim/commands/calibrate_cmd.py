@@ -56,7 +56,8 @@ def add_parser(sub) -> None:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="qwen3-0.6b",
-                   help="qwen3-0.6b | qwen3-1.7b | qwen3-4b | qwen3-8b | qwen3-tiny (default qwen3-0.6b)")
+                   help="qwen3-0.6b | qwen3-1.7b | qwen3-4b | qwen3-8b | qwen3-tiny (dense); qwen3.5-0.8b | "
+                        "qwen3.5-tiny (hybrid: linear-attention layers) (default qwen3-0.6b)")
     p.add_argument("--weights", help="real weights: a local Hugging Face snapshot directory, or 'hf-cache' "
                                      "(offline lookup); default: random weights in the official shapes")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],

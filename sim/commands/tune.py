@@ -61,13 +61,13 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import shutil
 
-    from calibrate.engine.model import QWEN3_CONFIGS
+    from calibrate.engine.model import MODELS
     from calibrate.host.machine import host_info
     from sim.core.errors import UserError
     from sim.sweep.results import SweepPlan
 
-    if args.model not in QWEN3_CONFIGS:
-        raise UserError(f"unknown model {args.model!r}; known: {', '.join(QWEN3_CONFIGS)}")
+    if args.model not in MODELS:
+        raise UserError(f"unknown model {args.model!r}; known: {', '.join(MODELS)}")
     if args.slo:  # read as the sweep will read it, before a calibration of minutes
         _ = SweepPlan({}, [], {}, slo=args.slo).targets  # its goodput targets parsed too
     host = host_info()

@@ -56,6 +56,7 @@ class CostModel(Protocol):
     memory: MemoryModel | None  # the profile's peak-memory model (`sim.engine.memory`), if it has one
     kv_bytes: int | None  # bytes of one KV-cache token of the profile's model, if known
     kv_capacity: int | None  # tokens of KV cache the profile's device holds, if known
+    state_tokens: int  # a hybrid model's linear-layer state per request, in KV tokens of memory (0: dense)
     heap_groups: int  # the model's layers, as `sim.engine.heap` follows their arrays
     prices_fresh: bool  # whether a KV token-row in fresh memory costs more than one in reused memory
     prices_kv: bool  # whether a KV token-row written costs anything, or the memory model reads buffer sizes
@@ -133,6 +134,7 @@ class LinearCostModel:
     memory: MemoryModel | None = None  # the profile's peak-memory model (`sim.engine.memory`), if it has one
     kv_bytes: int | None = None  # bytes of one KV-cache token of the profile's model (`sim.engine.memory`), if known
     kv_capacity: int | None = None  # tokens of KV cache the profile's device holds (`sim.engine.memory.device_kv_tokens`)
+    state_tokens: int = 0  # a hybrid model's linear-layer state per request, in KV tokens (`sim.engine.memory`)
     heap_groups: int = GROUPS  # the model's layers, as `sim.engine.heap` follows their arrays
 
     @property
@@ -285,6 +287,10 @@ class GridCostModel:
     @property
     def kv_capacity(self) -> int | None:
         return self.linear.kv_capacity
+
+    @property
+    def state_tokens(self) -> int:
+        return self.linear.state_tokens
 
     @property
     def pdsim_forms(self) -> bool:

@@ -15,7 +15,7 @@ from sim.cost.mlxlm import mlx_lm_costs
 from sim.cost.model import GridCostModel, LinearCostModel
 from sim.cost.schema import read_profile
 from sim.engine.heap import GROUPS
-from sim.engine.memory import device_kv_tokens, memory_model, profile_kv_bytes
+from sim.engine.memory import device_kv_tokens, memory_model, profile_kv_bytes, profile_state_tokens
 
 BUILTIN = Path(__file__).parents[1] / "data" / "illustrative-m4pro-qwen3-0.6b.json"
 
@@ -31,9 +31,11 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
     c = prof["cost"]
     mlx = mlx_lm_costs(c["mlx_lm"]) if "mlx_lm" in c else None
     memory, kv_bytes, capacity = memory_model(prof), profile_kv_bytes(prof), device_kv_tokens(prof)
+    states = profile_state_tokens(prof)
     if "prefill" not in c:  # a profile of mlx-lm's calls only
         return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False, memory=memory,
-                               kv_bytes=kv_bytes, kv_capacity=capacity, heap_groups=int(c.get("heap_groups", GROUPS)))
+                               kv_bytes=kv_bytes, kv_capacity=capacity, state_tokens=states,
+                               heap_groups=int(c.get("heap_groups", GROUPS)))
     lin = LinearCostModel(tuple(c["prefill"]["coef"]), tuple(c["decode"]["coef"]), float(c.get("iteration", 0.0)),
                           join=_triple(c.get("join")), leave=_triple(c.get("leave")),
                           prefill_dense=Curve.from_pairs(c["prefill"].get("dense")),
@@ -50,7 +52,7 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           else float(c["grow_single_faults"]),
                           prefill_tile=int(c["prefill"].get("tile", 0)),
                           prefill_rem=tuple(c["prefill"].get("remainder", (0.0, 0.0))), mlx=mlx, memory=memory,
-                          kv_bytes=kv_bytes, kv_capacity=capacity,
+                          kv_bytes=kv_bytes, kv_capacity=capacity, state_tokens=states,
                           heap_groups=int(c.get("heap_groups", GROUPS)),
                           mixed_coef=tuple(map(float, c["mixed"]["coef"])) if "mixed" in c else None,
                           mixed_dense=Curve.from_pairs(c["mixed"].get("dense")) if "mixed" in c else None)

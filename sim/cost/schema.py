@@ -114,6 +114,8 @@ def check_memory(w: Where, m: dict) -> None:
         if key not in m:
             raise w.fail(f"memory.{key}", "is missing")
         cost_value(w, m[key], f"memory.{key}")
+    if "state_bytes_per_request" in m:  # a hybrid model's
+        cost_value(w, m["state_bytes_per_request"], "memory.state_bytes_per_request")
     for key, n in (("prefill", 4), ("decode", 3)):
         if key not in m:
             raise w.fail(f"memory.{key}", f"is missing ({n} numbers)")

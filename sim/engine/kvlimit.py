@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 
 from sim.core.errors import InputError
 from sim.engine.log import Call
-from sim.engine.memory import KVLimit, device_kv_tokens, parse_kv_limit, profile_kv_bytes
+from sim.engine.memory import KVLimit, device_kv_tokens, parse_kv_limit, profile_kv_bytes, profile_state_tokens
 from sim.engine.requests import Freed, RequestState
 from sim.engine.work import Decode, EngineError, Mixed, Prefill, Work
 from traces.trace import Trace
@@ -52,21 +52,31 @@ class KVLimitRules:
     def fits(self, rid: str) -> bool:
         """Whether queued request `rid` may start its (re)prefill now: its whole cache fits beside
         the caches held and the token each ready request writes at its next decode. A request
-        admitted so fits any one iteration's calls, so admission never forces its own preemption."""
+        admitted so fits any one iteration's calls, so admission never forces its own preemption.
+        A hybrid model's linear-layer state counts as `state_tokens` more per request holding one."""
         if self.kv_limit is None:
             return True
         s = self.queued[rid]
         if s.prefilled:  # admitted already
             return True
-        return self.kv_used + len(self.ready) + self.kv_need(s) <= self.kv_limit
+        return self.kv_held() + self.state_tokens + len(self.ready) + self.kv_need(s) <= self.kv_limit
+
+    def kv_held(self) -> int:
+        """Tokens the caches hold now, with every held linear-layer state (`state_tokens` each)."""
+        if not self.state_tokens:
+            return self.kv_used
+        holders = len(self.ready) + sum(1 for q in self.queued.values() if q.prefilled)
+        return self.kv_used + self.state_tokens * holders
 
     def kv_after(self, work: list[Work]) -> int:
         """Tokens the caches hold once `work` has run, counting no cache freed within it: an
         iteration's tokens are all given room before it runs (as vLLM's scheduler does)."""
-        n = self.kv_used
+        n = self.kv_held()
         for w in work:
             if isinstance(w, Prefill):
                 n += w.tokens
+                if self.state_tokens and not self.queued[w.rid].prefilled:  # its state, from its first chunk
+                    n += self.state_tokens
             elif isinstance(w, Decode):
                 n += len(w.rids)
             elif isinstance(w, Mixed):
@@ -117,15 +127,17 @@ class KVLimitRules:
         return freed
 
 
-def check_kv_fit(trace: Trace, kv_limit: int) -> None:
+def check_kv_fit(trace: Trace, kv_limit: int, state: int = 0) -> None:
     """Refuse a trace with a request whose cache alone outgrows the limit (prompt + output - 1
-    tokens at its last decode): it could never finish, and the run would never end."""
+    tokens at its last decode, and `state` tokens for a hybrid model's linear-layer state): it
+    could never finish, and the run would never end."""
     if kv_limit < 1:
         raise KVLimitError(f"kv limit must be at least 1 token, got {kv_limit}")
     for r in trace.requests:
-        if r.prompt_len + r.output_len - 1 > kv_limit:
-            raise KVLimitError(f"request {r.id} needs {r.prompt_len + r.output_len - 1:,} tokens of KV cache "
-                               f"({r.prompt_len:,} prompt + {r.output_len:,} output - 1) and the kv limit is "
+        if r.prompt_len + r.output_len - 1 + state > kv_limit:
+            held = f" + {state:,} for its linear layers' state" if state else ""
+            raise KVLimitError(f"request {r.id} needs {r.prompt_len + r.output_len - 1 + state:,} tokens of KV cache "
+                               f"({r.prompt_len:,} prompt + {r.output_len:,} output - 1{held}) and the kv limit is "
                                f"{kv_limit:,} tokens: it could never finish (raise --kv-limit or cut the trace "
                                "with --max-prompt / --max-output)")
 
@@ -188,7 +200,7 @@ def check_kv_limits(prof: dict, traces: dict[str, Trace], settings: list[dict]) 
             limit = f"(none: the device's {capacity:,} tokens beside the weights)"
         for name, trace in traces.items():
             try:
-                check_kv_fit(trace, tokens)
+                check_kv_fit(trace, tokens, profile_state_tokens(prof))
             except InputError as e:
                 raise InputError(f"trace {trace.meta.get('source', name)}, --kv-limit {limit} "
                                  f"({tokens:,} tokens of {prof['model']['name']}): {e}") from None

@@ -4,7 +4,7 @@ On a Mac the KV cache and the weights share unified memory, so the peak of a run
 user asks before the latency. The model prices a call's peak as what the engine holds when the
 call starts, plus what the call allocates:
 
-    peak(call) = weights + kv_bytes_per_token * (held + grown) + activations(call)
+    peak(call) = weights + kv_bytes_per_token * (held + grown) + state_bytes * states + activations(call)
 
 - `held`: token-rows of KV buffer resident before the call, by the buffers' capacities as
   `sim.engine.kvcache` follows them (mlx-lm grows caches in 256-token steps, so a request holding 300
@@ -16,6 +16,9 @@ call starts, plus what the call allocates:
   temporaries, where the 506 rows copied would be 116 MB), and counting the copies priced the
   activations at 0 and whole peaks 10-21% high; for mlx-lm's lazy rebuilds, whose held buffers
   already have their new sizes, the largest array the call builds (`sim.engine.state`);
+- `states`: a hybrid model's linear-layer states alive at the call (`state_bytes_per_request`
+  each, fixed whatever a request's length): every request holding a cache, and each row of a
+  batch cache (pdsim's executor keeps a batched request's own cache beside its row); 0 for a dense model;
 - `activations`: the call's temporaries, a form in its shape fitted to the calibration's measured
   peaks (`mx.get_peak_memory` above the memory active before the call):
   prefill of L tokens at offset P `a0 + a1*L + a2*L*(P + L) + a3*P` (hidden states and MLP rows per
@@ -50,18 +53,45 @@ NO_MEMORY_NOTE = ("the profile has no memory model (calibrated before peak memor
                   "is null; calibrate again to predict it")
 
 
+def attention_layers(config: Mapping) -> int:
+    """Layers that keep a KV cache: every layer of a dense model; of a hybrid (Qwen3.5, Qwen3-Next),
+    one in `full_attention_interval` (mlx-lm's rule: layer i attends when (i + 1) % interval == 0),
+    the others keeping a fixed-size state (`state_bytes_per_request`)."""
+    layers, every = int(config["num_hidden_layers"]), config.get("full_attention_interval")
+    return layers // int(every) if every else layers
+
+
 def kv_bytes_per_token(config: Mapping, dtype: str | None = None) -> int:
     """Bytes one token of context takes in the KV cache (a token-row, as `sim.engine.kvcache` counts):
-    layers x KV heads x head dim x 2 (keys and values) x the activations' bytes (mlx-lm's
+    attention layers x KV heads x head dim x 2 (keys and values) x the activations' bytes (mlx-lm's
     `KVCache` stores them in the model's dtype, quantized weights or not). `config`: the model's
     shapes; `dtype`: the model's (default: the config's `dtype`, else float32). Qwen3-0.6B:
-    28 x 8 x 128 x 2 x 4 = 229,376 bytes in float32."""
-    dtype = dtype or config.get("dtype") or "float32"
+    28 x 8 x 128 x 2 x 4 = 229,376 bytes in float32; Qwen3.5-0.8B: 6 x 2 x 256 x 2 x 4 = 24,576."""
+    dtype = _dtype(config, dtype)
     heads = config.get("num_key_value_heads") or config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return attention_layers(config) * int(heads) * int(head_dim) * 2 * DTYPE_BYTES[dtype]
+
+
+def state_bytes_per_request(config: Mapping, dtype: str | None = None) -> int:
+    """Bytes a request's linear-attention layers hold whatever its length (mlx-lm's `ArraysCache`:
+    a conv state of kernel - 1 positions over the q, k and v channels in the model's dtype, and a
+    recurrent state of value heads x value dim x key dim in float32); 0 for a dense model.
+    Qwen3.5-0.8B in float32: 18 x (3 x 6,144 x 4 + 16 x 128 x 128 x 4) = 20.2 MB, the KV of 822 tokens."""
+    linear = int(config["num_hidden_layers"]) - attention_layers(config)
+    if not linear:
+        return 0
+    hk, hv = int(config["linear_num_key_heads"]), int(config["linear_num_value_heads"])
+    dk, dv = int(config["linear_key_head_dim"]), int(config["linear_value_head_dim"])
+    conv = (int(config["linear_conv_kernel_dim"]) - 1) * (2 * hk * dk + hv * dv) * DTYPE_BYTES[_dtype(config, dtype)]
+    return linear * (conv + hv * dv * dk * 4)
+
+
+def _dtype(config: Mapping, dtype: str | None) -> str:
+    dtype = dtype or config.get("dtype") or "float32"
     if dtype not in DTYPE_BYTES:
         raise InputError(f"model dtype {dtype!r}: no KV bytes known for it (known: {', '.join(DTYPE_BYTES)})")
-    return int(config["num_hidden_layers"]) * int(heads) * int(head_dim) * 2 * DTYPE_BYTES[dtype]
+    return dtype
 
 
 def prefill_features(tokens: int, prefix: int) -> tuple[float, float, float, float]:
@@ -82,6 +112,7 @@ class MemoryModel:
     kv_token: float
     prefill: tuple[float, float, float, float]
     decode: tuple[float, float, float]
+    state: float = 0.0  # bytes of a request's linear-layer state (a hybrid model's; 0: a dense model)
 
     def activations(self, kind: str, tokens: int, prefix: int, contexts: Sequence[int]) -> float:
         """A call's temporaries. mlx-lm's prompt calls (rows of `tokens` each at write position
@@ -99,13 +130,15 @@ class MemoryModel:
         return sum(c * x for c, x in zip(self.decode, f))
 
     def call_peak(self, held: int, grown: int, kind: str, tokens: int, prefix: int,
-                  contexts: Sequence[int]) -> float:
+                  contexts: Sequence[int], states: int = 0) -> float:
         """Bytes in use at the peak of one call (see the module's formula)."""
-        return self.weights + self.kv_token * (held + grown) + self.activations(kind, tokens, prefix, contexts)
+        return (self.weights + self.kv_token * (held + grown) + self.state * states
+                + self.activations(kind, tokens, prefix, contexts))
 
     def to_dict(self) -> dict:
         return {"weights_bytes": self.weights, "kv_bytes_per_token": self.kv_token,
-                "prefill": list(self.prefill), "decode": list(self.decode)}
+                "prefill": list(self.prefill), "decode": list(self.decode)} \
+            | ({"state_bytes_per_request": self.state} if self.state else {})
 
 
 def memory_model(prof: dict) -> MemoryModel | None:
@@ -114,7 +147,8 @@ def memory_model(prof: dict) -> MemoryModel | None:
     if not isinstance(m, dict) or m.get("prefill") is None:
         return None
     return MemoryModel(float(m["weights_bytes"]), float(m["kv_bytes_per_token"]),
-                       tuple(float(x) for x in m["prefill"]), tuple(float(x) for x in m["decode"]))
+                       tuple(float(x) for x in m["prefill"]), tuple(float(x) for x in m["decode"]),
+                       float(m.get("state_bytes_per_request", 0.0)))
 
 
 class PeakMemory:
@@ -126,8 +160,9 @@ class PeakMemory:
         self.peak = 0.0
         self.at: tuple | None = None  # the call that set it: (kind, tokens, prefix, held, written)
 
-    def call(self, held: int, grown: int, kind: str, tokens: int, prefix: int, contexts: Sequence[int]) -> None:
-        b = self.model.call_peak(held, grown, kind, tokens, prefix, contexts)
+    def call(self, held: int, grown: int, kind: str, tokens: int, prefix: int, contexts: Sequence[int],
+             states: int = 0) -> None:
+        b = self.model.call_peak(held, grown, kind, tokens, prefix, contexts, states)
         if b > self.peak:
             self.peak, self.at = b, (kind, tokens, prefix, held, grown)
 
@@ -144,6 +179,26 @@ def profile_kv_bytes(prof: Mapping) -> int | None:
             any(shapes.get(k) is not None and not whole(k) for k in ("num_key_value_heads", "head_dim")):
         return None  # not a model's shapes pdsim can read
     return kv_bytes_per_token(shapes, dtype)
+
+
+def state_tokens(config: Mapping, dtype: str | None = None) -> int:
+    """A request's linear-layer state (`state_bytes_per_request`) in KV tokens of memory, rounded up:
+    what a KV limit counts for it beside its tokens (0 for a dense model). Qwen3.5-0.8B: 822."""
+    state = state_bytes_per_request(config, dtype)
+    return -(-state // kv_bytes_per_token(config, dtype)) if state else 0
+
+
+def profile_state_tokens(prof: Mapping) -> int:
+    """`state_tokens` of the model a profile names; 0 where its shapes are not a hybrid's (or not known)."""
+    model = prof.get("model", {})
+    shapes = model.get("shapes")
+    if profile_kv_bytes(prof) is None or not isinstance(shapes.get("full_attention_interval"), int):
+        return 0
+    keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+            "linear_conv_kernel_dim")
+    if not all(isinstance(shapes.get(k), int) and shapes[k] > 0 for k in keys) or shapes["full_attention_interval"] < 1:
+        return 0
+    return state_tokens(shapes, model.get("dtype") or "float32")
 
 
 DEVICE_SHARE = 0.9  # of MLX's memory limit, for weights and cache together (vLLM's gpu_memory_utilization default)

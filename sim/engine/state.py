@@ -35,16 +35,19 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
     """
 
     def __init__(self, trace: Trace, heap: Heap | NoHeap | None = None, log: EventLog | None = None,
-                 memory: MemoryModel | None = None, kv_limit: int | None = None, counts: bool = True):
+                 memory: MemoryModel | None = None, kv_limit: int | None = None, counts: bool = True,
+                 state_tokens: int = 0):
         """`heap`: the process's heap as this run finds it (after its warm-up: `sim.engine.heap`);
         `log`: where calls and tokens go (default a new `EventLog`; `sim.metrics.scored_log.ScoredLog`
         tallies a long run instead of keeping it); `memory`: the profile's memory model, whose
         largest call peak goes to the log as `peak_memory` (`sim.engine.memory`; None: not priced);
         `kv_limit`: the KV-cache tokens every cache together may hold (None: no limit;
-        `sim.engine.kvlimit` enforces it)."""
+        `sim.engine.kvlimit` enforces it); `state_tokens`: a hybrid model's linear-layer state per
+        request, in KV tokens, which the limit counts beside the tokens (`sim.engine.memory.state_tokens`)."""
         if kv_limit is not None:
-            check_kv_fit(trace, kv_limit)
+            check_kv_fit(trace, kv_limit, state_tokens)
         self.kv_limit = kv_limit
+        self.state_tokens = state_tokens
         self.kv_used = 0  # tokens in every KV cache now (pdsim's engine; mlx-lm's calls are not counted)
         self.trace = trace
         self.now = 0.0
@@ -150,6 +153,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         s.kv, s.log = self.kv.what_if(), _NoLog()
         s._returned, s.stepped = (-1, []), self.stepped
         s.memory, s.kv_limit, s.kv_used, s._position = None, self.kv_limit, self.kv_used, self._position
+        s.state_tokens = self.state_tokens
         s.preempted_in = self.preempted_in
         s._followed = None
         return s
@@ -347,7 +351,12 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         pads before a concatenation do not (on qwen3-tiny, three BatchGenerator settings: run
         peaks 0.95-1.00x measured above the weights; the sum of the arrays priced them 1.7-2.3x,
         the net growth 0.73-0.89x)."""
-        self.memory.call(held, grown, kind, tokens, prefix, contexts)
+        states = 0
+        if self.memory.model.state:  # a hybrid model's linear-layer states (`sim.engine.memory`)
+            kv = self.kv
+            states = len(kv.prompt.rows) + len(kv.gen.rows) if kind in MLX_PEAK_KINDS else \
+                len(self.ready) + sum(1 for q in self.queued.values() if q.prefilled) + len(kv.rows)
+        self.memory.call(held, grown, kind, tokens, prefix, contexts, states)
         self.log.peak_memory = self.memory.peak
 
     def _ready_or_finish(self, s: RequestState) -> None:
@@ -371,6 +380,9 @@ class _NoLog:
 
     def done(self, rid: str) -> None:
         pass
+
+
+MLX_PEAK_KINDS = ("prompt", "first", "generate")  # mlx-lm's calls: its states live in its two batches only
 
 
 def _grown(cap: int, idx: int, n: int) -> int:
