@@ -388,8 +388,13 @@ addEventListener("load", () => setTimeout(check, 50));
 </script>"""
 
 
+MAC_BROWSERS = ("/Applications/Google Chrome.app/Contents/MacOS/Google Chrome",
+                "/Applications/Chromium.app/Contents/MacOS/Chromium")  # a Mac keeps them out of the PATH
+
+
 def _chromium() -> str | None:
-    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    on_path = (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"))
+    return next((b for b in (*on_path, *MAC_BROWSERS) if b and os.path.exists(b)), None)
 
 
 def _headless(browser: str, profile_dir, *args: str) -> subprocess.CompletedProcess:
@@ -400,7 +405,8 @@ def _headless(browser: str, profile_dir, *args: str) -> subprocess.CompletedProc
 
 
 @pytest.mark.skipif(_chromium() is None and not os.environ.get("PDSIM_REQUIRE_BROWSER"),
-                    reason="needs Chromium (Debian's chromium: `bash .ci/install test` installs it on Linux)")
+                    reason="needs Chromium or Chrome (Debian's chromium: `bash .ci/install test` installs it on Linux; "
+                           "on a Mac, Google Chrome in /Applications)")
 def test_report_page_renders_every_chart_in_chromium(inputs, tmp_path):
     """The page as a user opens it: headless Chromium loads report.html offline, every chart draws,
     and nothing is logged to the console. The screenshot is kept for a person to look at
