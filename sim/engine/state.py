@@ -287,11 +287,10 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
     def apply_steady(self, work: list[Work], starts: list[list[float]], ends: list[list[float]],
                      synced: list[float | None] | None = None) -> None:
         """Record a stretch of identical iterations (`sim.steady`): call i of iteration j ran from
-        `starts[i][j]` to `ends[i][j]`, the first iteration being `self.iteration`. The same log
-        as `apply` call by call, kept as columns; no chunk in the stretch completes a prompt.
-        `synced[i]`: where call i of the first iteration rebuilt the batch cache first, when that
-        ended; that iteration is then recorded call by call, the rest as the stretch."""
-        if synced is not None and any(t is not None for t in synced):
+        `starts[i][j]` to `ends[i][j]`, the first iteration being `self.iteration`; the log `apply`
+        writes call by call, as columns. No chunk in it completes a prompt. `synced[i]`: when call
+        i's batch rebuild ended in the first iteration, which `apply` then records call by call."""
+        if synced and any(t is not None for t in synced):
             for i, w in enumerate(work):
                 self.apply(w, starts[i][0], ends[i][0], synced[i])
             if len(ends[0]) == 1:
