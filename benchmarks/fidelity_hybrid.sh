@@ -19,12 +19,11 @@ HERE="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$OUT"
 export CI=true
 for n in ${CALS:-A B}; do
-  rm -rf "$OUT/$n" "$OUT/venv$n"
+  rm -rf "$OUT/$n"
   git clone -q "$HERE" "$OUT/$n"
-  python3 -m venv "$OUT/venv$n"
   (
-    cd "$OUT/$n" && source "$OUT/venv$n/bin/activate" || exit 2
-    bash .ci/install > "$OUT/install$n.log" 2>&1 || exit 2
+    cd "$OUT/$n" || exit 2
+    bash .ci/install > "$OUT/install$n.log" 2>&1 && source .venv/bin/activate || exit 2
     P=profiles/hybrid.json
     echo "calibrate $n start $(date)"
     /usr/bin/time -f "%e s" pdsim calibrate --model "$MODEL" --quick -o $P > "$OUT/calibrate$n.log" 2>&1 || exit 2
@@ -44,7 +43,7 @@ for n in ${CALS:-A B}; do
   )
 done
 [ "${DENSE:-1}" = 1 ] || exit 0
-cd "$OUT/A" && source "$OUT/venvA/bin/activate" || exit 2
+cd "$OUT/A" && source .venv/bin/activate || exit 2
 pdsim calibrate --model qwen3-0.6b --quick -o profiles/dense.json > "$OUT/calibrate-dense.log" 2>&1
 python benchmarks/hybrid_vs_dense.py profiles/dense.json profiles/hybrid.json > "$OUT/side-by-side.txt" 2>&1
 pdsim report --confirm runs/confirm-gamma.json --profile profiles/hybrid.json profiles/dense.json -o "$OUT/report" \
