@@ -87,7 +87,7 @@ def stretch_end(policy, state: EngineState) -> float | None:
     (`Policy.queues_arrivals`): the stretch runs on, and the engine admits the arrivals after it,
     in their order, as it would have between its iterations."""
     order = policy.queue_order
-    if state.queued and getattr(policy, "queues_arrivals", False) and (order is None or order.queue == "fcfs"):
+    if state.queued and policy.queues_arrivals and (order is None or order.queue == "fcfs"):
         return None
     ends = [t for t in (state.next_arrival, order.reorders_at(state) if order else None) if t is not None]
     return min(ends, default=None)
