@@ -180,5 +180,5 @@ def offset_chart(frame: pd.DataFrame) -> alt.FacetChart:
     pts = base.mark_point(filled=True, size=50).encode(y=alt.Y("measured:Q", title="seconds"), tooltip=tip)
     fit = base.mark_line(strokeDash=[4, 3]).encode(y="fitted:Q")
     return alt.layer(pts, fit).properties(width=200, height=160).facet(
-        column=alt.Column("chunk:O", title="chunk tokens")).resolve_scale(y="independent")
+        facet=alt.Facet("chunk:O", title="chunk tokens"), columns=5).resolve_scale(y="independent")
 
