@@ -1,9 +1,9 @@
 #!/bin/bash
-# A fresh fidelity round: what a user runs first, `bash .ci/install && pdsim tune`, in two fresh
+# A fresh fidelity round: what a user runs first, `bash .ci/install && .venv/bin/pdsim tune`, in two fresh
 # clones of this checkout's HEAD (two calibrations, so the spread between them shows), then the
 # two seed experiments (docs/results.md) and the gamma workload with the second calibration; every confirm
 # probes the machine's speed around each run (`calibrate/measure/speed_probe.py`). On a quiet machine
-# (about 50 minutes on 2 cores). Clones, venvs and reports under $OUT (default /tmp/pdsim-round);
+# (about 50 minutes on 2 cores). Clones (each with its .venv) and reports under $OUT (default /tmp/pdsim-round);
 # the summary table: `python3 benchmarks/fidelity_table.py $OUT`. GAMMA_SEED (default 7) picks the
 # gamma workload's seed: a new one each round keeps it a workload nothing was tuned on.
 # TUNES_ONLY=1 stops after the two tunes (about 38 minutes); TUNES=B runs calibration B only (its clone
@@ -15,16 +15,15 @@ HERE="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$OUT"
 export CI=true
 for n in ${TUNES:-A B}; do
-  rm -rf "$OUT/$n" "$OUT/venv$n"
+  rm -rf "$OUT/$n"
   git clone -q "$HERE" "$OUT/$n"
-  python3 -m venv "$OUT/venv$n"
   echo "tune $n start $(date)"
-  ( cd "$OUT/$n" && source "$OUT/venv$n/bin/activate" && \
-    /usr/bin/time -f "%e s" bash -c 'bash .ci/install && pdsim tune' > "$OUT/tune$n.log" 2>&1 )
+  ( cd "$OUT/$n" && \
+    /usr/bin/time -f "%e s" bash -c 'bash .ci/install && .venv/bin/pdsim tune' > "$OUT/tune$n.log" 2>&1 )
   echo "tune $n rc=$? $(date)"
 done
 [ "${TUNES_ONLY:-0}" = 1 ] && exit 0
-cd "$OUT/B" && source "$OUT/venvB/bin/activate"
+cd "$OUT/B" && source .venv/bin/activate
 P=profiles/qwen3-0.6b-cpu.json
 pdsim confirm --profile $P --trace tinyllm --min-in 16 --max-in 128 \
   --min-out 8 --max-out 8 --policy chunked --budget 8 32 128 --batch-size 4 --repeats 4 \

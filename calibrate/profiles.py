@@ -43,11 +43,12 @@ def refuse_existing(out: Path, overwrite: bool) -> None:
         raise UserError(f"{out} exists; not overwriting it (pass --overwrite, or choose another path)")
 
 
-def default_profile_path(model: str, device_kind: str, engine: str = "pdsim") -> Path:
+def default_profile_path(model: str, device_kind: str, engine: str = "pdsim", precision: str = "") -> Path:
     """`profiles/MODEL-KIND.json` (`MODEL-KIND-mlx-lm.json` for mlx-lm's BatchGenerator): the cached
-    profile `pdsim tune` reuses for this model, device kind and engine."""
-    return Path("profiles") / (f"{model}-{device_kind}.json" if engine == "pdsim" else
-                               f"{model}-{device_kind}-{engine}.json")
+    profile `pdsim tune` reuses for this model, device kind and engine; `precision` ("bfloat16",
+    "float32-q4") names a dtype or quantization other than the device's default."""
+    name = "-".join(p for p in (model, device_kind, precision, "" if engine == "pdsim" else engine) if p)
+    return Path("profiles") / f"{name}.json"
 
 
 def stamp() -> str:

@@ -30,6 +30,10 @@ class Policy(Protocol):
     # False: its chunk sizes change between such iterations (an `auto:MS` budget), so only its
     # iterations without a chunk are priced as stretches.
     steady_chunks: bool
+    # True promises: while a prompt waits in its queue, an arrival changes none of its work (it
+    # queues behind, in arrival order), so a steady stretch runs on through arrivals (`sim.steady`).
+    # It holds for a first-come-first-served queue only: another order may pick the newcomer.
+    queues_arrivals: bool
     queue_order: QueueOrder | None  # which waiting prompt starts next (None: arrival order, fixed)
     kv_limit: KVLimit | None  # the setting's KV-cache limit (`sim.engine.kvlimit` enforces it); None: none
 

@@ -40,6 +40,7 @@ class Chunked:
     cost: CostModel | None = None  # the cost model an `auto:MS` budget prices chunks with (`sim.cost.model`)
     engine: ClassVar[str] = "pdsim"
     steady: ClassVar[bool] = True
+    queues_arrivals: ClassVar[bool] = True  # an arrival queues behind the waiting prompts (fcfs: `sim.steady.stretch_end`)
 
     @property
     def steady_chunks(self) -> bool:

@@ -20,6 +20,7 @@ class Fifo:
     name: str = "fifo"
     engine: ClassVar[str] = "pdsim"
     steady: ClassVar[bool] = True
+    queues_arrivals: ClassVar[bool] = True  # an arrival queues behind the waiting prompts (fcfs: `sim.steady.stretch_end`)
     steady_chunks: ClassVar[bool] = True
 
     def __post_init__(self) -> None:

@@ -45,6 +45,7 @@ class MlxLm:
     # an iteration that is only a step of an unchanged generation batch repeats until a request
     # arrives or finishes (`sim.steady` prices such stretches at once); the others run one by one
     steady: ClassVar[bool] = True
+    queues_arrivals: ClassVar[bool] = False  # its stretches need an empty queue (`sim.steady`)
     engine: ClassVar[str] = "mlx-lm"  # its calls are BatchGenerator's (`sim.engine.work`)
     steady_chunks: ClassVar[bool] = True
     queue_order: ClassVar[None] = None  # BatchGenerator admits waiting prompts in arrival order

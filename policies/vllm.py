@@ -49,6 +49,7 @@ class Vllm:
     # an iteration of decodes only repeats until a request arrives or finishes; one with a
     # prompt's rows changes with the budget left, so it runs alone (`sim.steady`)
     steady: ClassVar[bool] = True
+    queues_arrivals: ClassVar[bool] = False  # its stretches need an empty queue (`sim.steady`)
     steady_chunks: ClassVar[bool] = False
     queue_order: ClassVar[QueueOrder | None] = None  # FCFS: the state's queue order
     _running: list[str] = field(default_factory=list, repr=False)  # admitted requests, in admission order

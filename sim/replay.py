@@ -5,7 +5,9 @@ One SimPy event per engine iteration, or one per steady stretch of identical ite
 """
 from __future__ import annotations
 
-from typing import Callable
+import gc
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import simpy
 
@@ -58,6 +60,21 @@ def warmed(warmup: Trace, policy: Policy, cost: CostModel, heap: Heap | None = N
     return state.kv.released()
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while the engine runs: the run's requests, calls and
+    stretches all stay alive to the end, so every collection rescans them and frees nothing (with
+    it on, eager bs8 on 10,000 Poisson requests took 1.9 s here, off 0.8 s); reference counting
+    still frees what the run drops."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
            noise: Callable[[], float] | None = None) -> None:
     """The engine process over `state`'s trace, run to the end."""
@@ -97,4 +114,5 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
                     t, overhead = end, 0.0
             yield until(t)  # nothing else happens during an iteration: one SimPy event for it
 
-    env.run(until=env.process(engine()))
+    with _collector_paused():
+        env.run(until=env.process(engine()))

@@ -31,17 +31,20 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
     before a KV buffer would grow after the first iteration (`sim.engine.kvcache`: that call copies).
     At most one batched decode, on the batch cache's rows as they are, and no request twice.
     """
-    if not policy.steady or sum(isinstance(w, Decode) and w.batched for w in work) > 1:
+    if not policy.steady:
         return 0
-    if not policy.steady_chunks and any(isinstance(w, Prefill) for w in work):
+    types = set(map(type, work))  # work items are plain named tuples: no subclasses
+    if Decode in types and sum(1 for w in work if type(w) is Decode and w.batched) > 1:
+        return 0
+    if Prefill in types and not policy.steady_chunks:
         return 0  # its chunks change from one iteration to the next (an `auto` budget)
-    if any(isinstance(w, (JoinPrompt, BatchPrefill, FirstForward, Generate)) for w in work):
-        return _generate_steps(state, work)
-    if any(isinstance(w, Mixed) for w in work):
+    if not types <= PDSIM_WORK:
+        if types & MLX_LM_WORK:
+            return _generate_steps(state, work)
         return _mixed_steps(state, work)
-    steps, seen = None, set()
+    steps, seen, ready = None, set(), state.ready
     for w in work:
-        if isinstance(w, Prefill):
+        if type(w) is Prefill:
             s = state.queued.get(w.rid)
             if s is None or w.rid in seen or w.tokens < 1:
                 return 0  # let the call-by-call path report the policy's mistake
@@ -49,14 +52,18 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
             n = min(n, _room(state, state.kv.own.get(w.rid, 0), s.prefilled, w.tokens))
             seen.add(w.rid)
         else:
-            if not w.rids or any(rid in seen or rid not in state.ready or state.ready[rid].generated == 1
-                                 for rid in w.rids):
-                return 0  # (a request's first decode: it may have just taken its slot, see `Policy.steady`)
-            n = min(state.ready[rid].output_left for rid in w.rids)
+            if not w.rids:
+                return 0
+            n = sys.maxsize
+            for rid in w.rids:
+                r = ready.get(rid)
+                if r is None or r.generated == 1 or rid in seen:
+                    return 0  # (a request's first decode: it may have just taken its slot, see `Policy.steady`)
+                left = r.req.output_len - r.generated
+                if left < n:
+                    n = left
             if w.batched:
-                if w.rids != state.kv.rows:
-                    return 0  # the batch cache is rebuilt first: a sync call, logged call by call
-                n = min(n, _room(state, state.kv.cap, state.kv.idx, 1))
+                n = min(n, _batch_room(state, w))
             else:
                 n = min([n] + [_room(state, state.kv.own.get(r, 0), state.ready[r].context - 1, 1) for r in w.rids])
             seen.update(w.rids)
@@ -69,10 +76,19 @@ def steady_steps(policy, state: EngineState, work: list[Work]) -> int:
     return steps or 0
 
 
+PDSIM_WORK = frozenset((Prefill, Decode))
+MLX_LM_WORK = frozenset((JoinPrompt, BatchPrefill, FirstForward, Generate))
+
+
 def stretch_end(policy, state: EngineState) -> float | None:
     """Where a stretch must stop: the next arrival, or sooner the moment the policy's queue order
-    may pick another prompt with nothing arrived (`policies.queue.QueueOrder.reorders_at`)."""
+    may pick another prompt with nothing arrived (`policies.queue.QueueOrder.reorders_at`). Behind
+    a waiting prompt in a first-come-first-served queue an arrival changes nothing the policy does
+    (`Policy.queues_arrivals`): the stretch runs on, and the engine admits the arrivals after it,
+    in their order, as it would have between its iterations."""
     order = policy.queue_order
+    if state.queued and policy.queues_arrivals and (order is None or order.queue == "fcfs"):
+        return None
     ends = [t for t in (state.next_arrival, order.reorders_at(state) if order else None) if t is not None]
     return min(ends, default=None)
 
@@ -103,6 +119,22 @@ def _mixed_steps(state: EngineState, work: list[Work]) -> int:
     return n
 
 
+def _batch_room(state: EngineState, w: Decode) -> int:
+    """`_room` of the batch cache for a stretch of `w`. Its first step may rebuild the cache if rows
+    only left it (a finished request's row goes at the next decode): a filter, which moves both
+    ends by the padding the kept rows share. A join (a request's first decode, or one back from
+    preemption) rebuilds it call by call."""
+    kv = state.kv
+    cap, idx = kv.cap, kv.idx
+    if w.rids != kv.rows:
+        if state.batch_change(w)[0] or not set(w.rids) < set(kv.rows):
+            return 0
+        if kv.counts:
+            shift = idx - max(state.ready[r].context - 1 for r in w.rids)
+            cap, idx = cap - shift, idx - shift
+    return _room(state, cap, idx, 1)
+
+
 def _room(state: EngineState, cap: int, idx: int, n: int) -> int:
     """`_fits`, where the state follows buffer sizes; without them (`RowsOnly`) no growth ends a stretch."""
     return _fits(cap, idx, n) if state.kv.counts else sys.maxsize
@@ -116,15 +148,16 @@ def _fits(cap: int, idx: int, n: int) -> int:
 
 def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: int, t0: float,
                  end: float | None, overhead: float | None = None
-                 ) -> tuple[list[list[float]], list[list[float]]] | None:
-    """Start and end of every call of the stretch: `starts[i][j]` for call i of iteration j.
+                 ) -> tuple[list[list[float]], list[list[float]], list[float | None]] | None:
+    """Start and end of every call of the stretch: `starts[i][j]` for call i of iteration j, and
+    for each call of the first iteration, when its sync ended if it rebuilds the batch cache.
 
     The stretch stops before the first iteration that would start at or after `end` (the next
     arrival: the engine admits arrivals between iterations; `stretch_end`). Times are summed call by call in the same
     order and with the same operations as the call-by-call replay, so both give the same floats.
     None if a cost is negative (the call-by-call path reports that).
     """
-    columns = []
+    columns, syncs = [], []
     for w in work:
         if isinstance(w, Generate):
             costs = cost.generate_steps([state.ready[rid].context for rid in w.rids], steps).tolist()
@@ -136,15 +169,20 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
             costs = cost.prefill_steps(w.tokens, state.queued[w.rid].prefilled, steps).tolist()
         else:
             costs = cost.decode_steps([state.ready[rid].context for rid in w.rids], steps, not w.batched).tolist()
-        costs[0] = call_costs(cost, state, w)[1]  # the same first call, with any buffer growth
+        sync, costs[0] = call_costs(cost, state, w)  # the same first call, with any buffer growth
+        rebuilds = type(w) is Decode and state.batch_change(w) != (0, 0)  # a sync first (`_batch_room`)
+        if rebuilds:
+            costs[0] = sync + costs[0]
+        syncs.append(sync if rebuilds else None)
         columns.append(costs)
     if min(map(min, columns)) < 0:
         return None
     n, overhead = len(columns), cost.iteration if overhead is None else overhead
     columns[0] = [overhead + c for c in columns[0]]  # host work before each iteration's first call
-    clock = list(accumulate(chain.from_iterable(zip(*columns)), initial=t0))  # clock[k]: call k's turn
+    clock = list(accumulate(chain.from_iterable(zip(*columns)) if n > 1 else columns[0], initial=t0))  # call k's turn
     if end is not None:  # iteration j starts at clock[j * n]; keep those before the end
         steps = -(-bisect_left(clock, end, n, steps * n) // n)
     starts = [clock[i:steps * n:n] for i in range(n)]
     starts[0] = [t + overhead for t in starts[0]]
-    return starts, [clock[i + 1:steps * n + 1:n] for i in range(n)]
+    synced = [None if sync is None else clock[i] + ((overhead if i == 0 else 0.0) + sync) for i, sync in enumerate(syncs)]
+    return starts, [clock[i + 1:steps * n + 1:n] for i in range(n)], synced

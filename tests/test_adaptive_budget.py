@@ -114,7 +114,7 @@ class Watched:
     seen: list
 
     def __post_init__(self):
-        for attr in ("name", "engine", "steady", "steady_chunks", "queue_order", "kv_limit"):  # `Policy`'s
+        for attr in ("name", "engine", "steady", "steady_chunks", "queues_arrivals", "queue_order", "kv_limit"):  # `Policy`'s
             setattr(self, attr, getattr(self.inner, attr))
 
     def schedule(self, state: EngineState):

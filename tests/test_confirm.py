@@ -225,6 +225,19 @@ def test_tune_runs_the_whole_loop(profile, tmp_path):
     assert "Per-call predicted/measured" in (out / "report" / "report.html").read_text()
     code, _, err = pdsim("tune", "--model", "qwen3-99b", "-o", str(tmp_path / "t2"))
     assert code == 2 and "unknown model" in err and not (tmp_path / "t2").exists()
+    # a profile of float32 weights does not answer for float16 or 4-bit ones: refused, one line
+    for flags, asked in ((["--dtype", "float16"], "asks for float16"), (["--quant-bits", "4"], "quantized to 4 bits")):
+        code, _, err = pdsim("tune", "--model", "qwen3-tiny", "--profile", str(profile), *flags, "-o", str(tmp_path / "t3"))
+        assert code == 2 and "is of float32 weights" in err and asked in err and err.count("\n") == 1, err
+
+
+def test_tune_names_a_profile_for_each_precision():
+    """The profile `pdsim tune` caches: one per model, device kind, engine and precision, the
+    device's default precision unnamed (float32 on a CPU, bfloat16 on a GPU)."""
+    from calibrate.profiles import default_profile_path
+    assert str(default_profile_path("qwen3-0.6b", "cpu")) == "profiles/qwen3-0.6b-cpu.json"
+    assert str(default_profile_path("qwen3-0.6b", "gpu", "mlx-lm", "float32-q4")) == \
+        "profiles/qwen3-0.6b-gpu-float32-q4-mlx-lm.json"
 
 
 def test_confirm_runs_an_auto_budget_with_the_profiles_prices(profile, tmp_path):

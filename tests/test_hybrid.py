@@ -107,7 +107,7 @@ def test_vllms_fused_forward_refuses_a_hybrid(lm):
         mixed_forward(lm, [new_cache(lm)], [[1, 2, 3]])
 
 
-def test_a_calibration_of_the_hybrid_prices_its_state(tmp_path):
+def test_a_calibration_of_the_hybrid_prices_its_state(tmp_path, capsys):
     """`pdsim calibrate --model qwen3.5-tiny`: the heap model follows the attention layer's arrays
     only, the memory model holds each request's state, a KV limit counts it, and the grid times no
     vLLM forward (its fused forward runs dense models only)."""
@@ -130,3 +130,8 @@ def test_a_calibration_of_the_hybrid_prices_its_state(tmp_path):
     stateless = replace(cost, memory=replace(cost.memory, state=0.0))
     held = log.peak_memory - simulate(trace, policies.make("chunked", 16, 2), stateless).peak_memory
     assert held >= 2 * state_bytes_per_request(cfg)
+    # vLLM's policy on it is priced from the prefill and decode forms, and the user is told so
+    from sim.cli import main
+    assert main(["simulate", "--profile", str(out), "--trace", "tinyllm", "--num-seqs", "4", "--policy", "vllm",
+                 "--force"]) == 0
+    assert "qwen3.5-tiny is a hybrid model" in capsys.readouterr().out

@@ -26,7 +26,7 @@ from sim.sweep.run import grid, run_sweep
 from traces.generators import poisson, tinyllm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-ALL_CHARTS = {"tradeoff", "gaps", "gap_ecdf", "timeline", "confirm", "confirm_error", "calibration"}
+ALL_CHARTS = {"tradeoff", "gaps", "gap_ecdf", "timeline", "confirm", "confirm_error", "calibration", "offset"}
 
 
 def _stretch(log_dict: dict, f: float) -> dict:
@@ -139,6 +139,7 @@ def test_missing_inputs_are_skipped_with_a_note(inputs, tmp_path):
     assert doc["charts"] == {}
     assert set(doc["skipped"]) == ALL_CHARTS - {"confirm_error"}
     assert "no measured samples" in doc["skipped"]["calibration"]
+    assert "two offsets" in doc["skipped"]["offset"]
     page = (out / "report.html").read_text()
     assert "skipped: no --sweep given" in page and "skipped: no --confirm given" in page
     assert not list(out.glob("*.png"))
@@ -148,6 +149,30 @@ def test_missing_inputs_are_skipped_with_a_note(inputs, tmp_path):
     doc = json.loads((out2 / "report.json").read_text())
     # the sweep saved logs, so the timeline and distributions come from them
     assert set(doc["charts"]) == {"tradeoff", "gaps", "gap_ecdf", "timeline"}
+
+
+def test_a_hybrid_profile_beside_a_dense_one_shows_what_the_offset_costs_each(inputs, tmp_path):
+    """Two profiles: their chunk costs against the offset in one chart, and the fitted growth per
+    1,000 offset tokens of each; a hybrid's model shapes say how many of its layers attend."""
+    dense = json.loads((inputs / "profile.json").read_text())
+    hybrid = json.loads(json.dumps(dense))
+    hybrid["model"] = dict(hybrid["model"], name="qwen3.5-0.8b", shapes={
+        "model_type": "qwen3_5_text", "num_hidden_layers": 24, "full_attention_interval": 4})
+    hybrid["cost"]["prefill"]["coef"] = [c / 4 for c in hybrid["cost"]["prefill"]["coef"]]
+    for s in hybrid["samples"]:
+        s["seconds"] *= 0.9
+    (tmp_path / "hybrid.json").write_text(json.dumps(hybrid))
+    out = tmp_path / "rep"
+    assert main(["report", "--profile", str(inputs / "profile.json"), str(tmp_path / "hybrid.json"),
+                 "-o", str(out), "--no-png"]) == 0
+    doc = json.loads((out / "report.json").read_text())
+    assert {"calibration", "offset"} <= set(doc["charts"])
+    terms = {t["model"]: t for t in doc["summary"]["offset"]}
+    assert terms["qwen3.5-0.8b"]["attention layers"] == 6 and terms["qwen3.5-0.8b"]["layers"] == 24
+    d, h = terms[dense["model"]["name"]], terms["qwen3.5-0.8b"]
+    assert h["ms per 1k offset tokens"] == pytest.approx(d["ms per 1k offset tokens"] / 4, rel=1e-3)
+    assert doc["inputs"]["profile"] == [str(inputs / "profile.json"), str(tmp_path / "hybrid.json")]
+    assert "qwen3.5-0.8b" in (out / "report.html").read_text()
 
 
 def test_report_never_overwrites_and_errors_are_one_line(inputs, tmp_path, capsys):
@@ -363,8 +388,13 @@ addEventListener("load", () => setTimeout(check, 50));
 </script>"""
 
 
+MAC_BROWSERS = ("/Applications/Google Chrome.app/Contents/MacOS/Google Chrome",
+                "/Applications/Chromium.app/Contents/MacOS/Chromium")  # a Mac keeps them out of the PATH
+
+
 def _chromium() -> str | None:
-    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    on_path = (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"))
+    return next((b for b in (*on_path, *MAC_BROWSERS) if b and os.path.exists(b)), None)
 
 
 def _headless(browser: str, profile_dir, *args: str) -> subprocess.CompletedProcess:
@@ -375,7 +405,8 @@ def _headless(browser: str, profile_dir, *args: str) -> subprocess.CompletedProc
 
 
 @pytest.mark.skipif(_chromium() is None and not os.environ.get("PDSIM_REQUIRE_BROWSER"),
-                    reason="needs Chromium (Debian's chromium: `bash .ci/install test` installs it on Linux)")
+                    reason="needs Chromium or Chrome (Debian's chromium: `bash .ci/install test` installs it on Linux; "
+                           "on a Mac, Google Chrome in /Applications)")
 def test_report_page_renders_every_chart_in_chromium(inputs, tmp_path):
     """The page as a user opens it: headless Chromium loads report.html offline, every chart draws,
     and nothing is logged to the console. The screenshot is kept for a person to look at

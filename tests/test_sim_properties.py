@@ -225,3 +225,23 @@ def test_a_completed_setting_runs_what_the_raw_one_runs(trace, raw, cost):
     from policies.settings import setting
     full = setting(raw)
     assert simulate(trace, policies.make(**full), cost).to_dict() == simulate(trace, policies.make(**raw), cost).to_dict()
+
+
+
+@pytest.mark.parametrize("setting", [{"policy": "chunked", "budget": 64, "batch_size": 4},
+                                     {"policy": "eager", "batch_size": 2}, {"policy": "fifo"},
+                                     {"policy": "chunked", "budget": 64, "batch_size": 4, "queue": "sjf"}])
+def test_stretches_run_through_arrivals_only_behind_a_first_come_first_served_queue(setting, monkeypatch):
+    """Arrivals every 50 ms into an engine that serves a few requests a second: behind a waiting
+    prompt in an fcfs queue an arrival queues behind, so stretches run on through arrivals; sjf may
+    pick the newcomer, so its stretches stop at each. Either way the log is the call-by-call one."""
+    trace = Trace([Request(str(i), 0.05 * i, 300 - 7 * (i % 5), 30) for i in range(40)])
+    cost = LinearCostModel((2e-3, 1e-4, 1e-7), (5e-3, 1e-4, 1e-7), 1e-4)
+    stretches = []
+    monkeypatch.setattr(EngineState, "apply_steady",
+                        lambda self, *a, _f=EngineState.apply_steady: stretches.append(a[1][0]) or _f(self, *a))
+    bulk = simulate(trace, policies.make(**setting), cost)
+    assert bulk.calls == simulate(trace, policies.make(**setting), cost, steady=False).calls
+    # iterations of a stretch that started after an arrival that came during the stretch
+    through = sum(1 for starts in stretches for r in trace.requests if starts[0] < r.arrival <= starts[-1])
+    assert (through > 0) == (setting.get("queue", "fcfs") == "fcfs")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import mmap
 import statistics
 import time
 from pathlib import Path
@@ -186,8 +187,9 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
               if (r.get("probe") or {}).get("alloc_s") and r["probe"].get("alloc_method")]
     if probes:  # probes that timed fresh memory (`calibrate.measure.speed_probe.allocation_seconds`)
         ms, size = statistics.median(t for p in probes for t in p["alloc_s"]) * 1e3, probes[0]["alloc_bytes"]
-        print(f"  fresh memory: {size >> 20} MiB mapped and touched in {ms:.0f} ms ({ms * 1e3 * 4096 / size:.1f} us "
-              f"a 4 KiB page; median of {sum(len(p['alloc_s']) for p in probes)} probes; confirm reports its speed "
+        page = mmap.PAGESIZE  # printed where it was calibrated: this host's page (16 KiB on macOS)
+        print(f"  fresh memory: {size >> 20} MiB mapped and touched in {ms:.0f} ms ({ms * 1e3 * page / size:.1f} us "
+              f"a {page >> 10} KiB page; median of {sum(len(p['alloc_s']) for p in probes)} probes; confirm reports its speed "
               "against this)"
               + (f"; a fault the host backs: {prof['fit']['page_fault_s'] * 1e6:.1f} us a page (the dearest probes), "
                  "the price of a single decode's growth" if prof["fit"].get("page_fault_s") is not None else ""))

@@ -376,6 +376,11 @@ def cost_from_args(args: argparse.Namespace):
     cost = cost_model(prof)
     if cost.memory is None:
         print(f"note: {NO_MEMORY_NOTE}")
+    asked = getattr(args, "policy", None)
+    hybrid = "full_attention_interval" in (prof["model"].get("shapes") or {})
+    if hybrid and "vllm" in ([asked] if isinstance(asked, str) else list(asked or [])) and "mixed" not in prof["cost"]:
+        print(f"note: {prof['model']['name']} is a hybrid model, whose fused forwards the executor does not run: vllm's "
+              "forwards are priced from its prefill and decode forms, which no confirm has checked")
     return prof, cost
 
 

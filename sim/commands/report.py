@@ -15,7 +15,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sweep", metavar="DIR", help="a `pdsim sweep -o` directory (results.json, logs/)")
     p.add_argument("--capacity", metavar="DIR", help="a `pdsim capacity -o` directory (capacity.json, curve.csv)")
     p.add_argument("--confirm", metavar="FILE", help="a `pdsim confirm` report (JSON)")
-    p.add_argument("--profile", metavar="FILE", help="a `pdsim calibrate` profile with its samples (JSON)")
+    p.add_argument("--profile", metavar="FILE", nargs="+",
+                   help="a `pdsim calibrate` profile with its samples (JSON); more than one: their chunk costs "
+                        "against the offset side by side (a dense and a hybrid model)")
     p.add_argument("--simulate", metavar="FILE", help="the JSON of `pdsim simulate --json-out`")
     p.add_argument("--latency", metavar="METRIC", help="latency axis of the trade-off (default: the sweep's)")
     p.add_argument("--no-png", action="store_true", help="only the HTML page and report.json")

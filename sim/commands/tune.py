@@ -42,6 +42,10 @@ def add_parser(sub) -> None:
                                    "mlx_lm.server's flags for throughput under a gap target instead.")
     p.add_argument("--model", default="qwen3-0.6b", help="Qwen3 model (default qwen3-0.6b: the smallest official "
                                                          "size, so a tune takes minutes even on a laptop CPU)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
+                   help="the model's dtype (default: bfloat16 on a GPU, float32 on a CPU, as each runs fastest)")
+    p.add_argument("--quant-bits", type=int, choices=[4, 8], help="quantize the weights (mlx.nn.quantize), as "
+                                                                 "mlx-community's 4- and 8-bit models are")
     p.add_argument("--profile", help="use this profile instead of the cached or a new calibration")
     p.add_argument("--recalibrate", action="store_true", help="calibrate again even if a cached profile exists")
     p.add_argument("--slo", nargs="+", metavar="CONSTRAINT",
@@ -56,6 +60,9 @@ def add_parser(sub) -> None:
                                                               "policy was not checked against")
     p.add_argument("-o", "--out", help="output folder (default runs/tune-MODEL-DEVICE)")
     p.add_argument("--overwrite", action="store_true", help="reuse an existing output folder's name")
+
+
+DEFAULT_DTYPE = {"cpu": "float32", "gpu": "bfloat16"}  # what each device kind runs fastest (a CPU has no fast half)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,11 +111,22 @@ def _run(args: argparse.Namespace, out: Path, host: dict) -> int:
                                     "this device" if args.model == "qwen3-0.6b" else ""))
 
     profile_engine = "mlx-lm" if args.engine == "mlx-lm" else "pdsim"  # vLLM's forwards: pdsim's profile prices them
-    profile = Path(args.profile) if args.profile else default_profile_path(args.model, host["kind"], profile_engine)
+    dtype = args.dtype or DEFAULT_DTYPE[host["kind"]]
+    precision = "" if dtype == DEFAULT_DTYPE[host["kind"]] and not args.quant_bits else \
+        dtype + (f"-q{args.quant_bits}" if args.quant_bits else "")
+    print(f"precision: {dtype}" + (f", weights quantized to {args.quant_bits} bits" if args.quant_bits else ""))
+    profile = Path(args.profile) if args.profile else \
+        default_profile_path(args.model, host["kind"], profile_engine, precision)
     reuse = profile.exists() and not args.recalibrate
     if reuse:
         try:
-            check_profile_matches(load_profile(profile), args.model, host["id"])
+            made = load_profile(profile)
+            check_profile_matches(made, args.model, host["id"])
+            if (made["model"].get("dtype"), made["model"].get("quant_bits")) != (dtype, args.quant_bits):
+                raise ProfileError(f"profile {profile} is of {made['model'].get('dtype')} weights"
+                                   + (f" quantized to {made['model']['quant_bits']} bits" if made["model"].get("quant_bits")
+                                      else "") + f"; this tune asks for {dtype}"
+                                   + (f" quantized to {args.quant_bits} bits" if args.quant_bits else ""))
         except ProfileError as e:
             if args.profile:
                 raise
@@ -120,9 +138,10 @@ def _run(args: argparse.Namespace, out: Path, host: dict) -> int:
         if args.engine == "mlx-lm":
             from calibrate.measure.grid import MLX_GRIDS
             from calibrate.mlxlm_calibration import calibrate_mlx_lm
-            made = calibrate_mlx_lm(args.model, MLX_GRIDS["quick"], profile, overwrite=True, any_mlx_lm=args.any_mlx_lm)
+            made = calibrate_mlx_lm(args.model, MLX_GRIDS["quick"], profile, overwrite=True, any_mlx_lm=args.any_mlx_lm,
+                                    dtype=dtype, quant_bits=args.quant_bits)
         else:
-            made = calibrate(args.model, GRIDS["quick"], profile, overwrite=True)
+            made = calibrate(args.model, GRIDS["quick"], profile, overwrite=True, dtype=dtype, quant_bits=args.quant_bits)
         calibrate_cmd.report(made, "quick", time.perf_counter() - t0)
     prof = load_profile(profile)
     for w in check_profile_matches(prof, args.model):

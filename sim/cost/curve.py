@@ -8,7 +8,7 @@ multiple of the kernel's tile run a slower kernel: `remainder_cost` prices them.
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def remainder_cost(rows: int, tile: int, rem: tuple[float, ...]) -> float:
@@ -26,8 +26,15 @@ class Curve:
     flat below the first, and beyond the last along the last segment (never downhill)."""
     sizes: tuple[float, ...]
     seconds: tuple[float, ...]
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)  # a replay asks the same sizes again
 
     def __call__(self, x: float) -> float:
+        got = self._memo.get(x)
+        if got is None:
+            got = self._memo[x] = self._at(x)
+        return got
+
+    def _at(self, x: float) -> float:
         xs, ys = self.sizes, self.seconds
         if x <= xs[0] or len(xs) == 1:
             return ys[0]

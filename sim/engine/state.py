@@ -284,10 +284,19 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         self.log.add(Call("decode", start, end, work.rids, len(work.rids), 0, contexts,
                           joined, left, self.iteration, written, work.batched, fresh))
 
-    def apply_steady(self, work: list[Work], starts: list[list[float]], ends: list[list[float]]) -> None:
+    def apply_steady(self, work: list[Work], starts: list[list[float]], ends: list[list[float]],
+                     synced: list[float | None] | None = None) -> None:
         """Record a stretch of identical iterations (`sim.steady`): call i of iteration j ran from
-        `starts[i][j]` to `ends[i][j]`, the first iteration being `self.iteration`. The same log
-        as `apply` call by call, kept as columns; no chunk in the stretch completes a prompt."""
+        `starts[i][j]` to `ends[i][j]`, the first iteration being `self.iteration`; the log `apply`
+        writes call by call, as columns. No chunk in it completes a prompt. `synced[i]`: when call
+        i's batch rebuild ended in the first iteration, which `apply` then records call by call."""
+        if synced and any(t is not None for t in synced):
+            for i, w in enumerate(work):
+                self.apply(w, starts[i][0], ends[i][0], synced[i])
+            if len(ends[0]) == 1:
+                return
+            self.iteration += 1
+            starts, ends = [c[1:] for c in starts], [c[1:] for c in ends]
         self._followed = None
         steps, done = len(ends[0]), []
         if ends[0][0] < starts[0][0] or starts[0][0] < self.now:

@@ -103,8 +103,8 @@ class Tally:
         self._done_i: list[int] = []  # requests done, their emission counts and times, not yet tallied
         self._done_n: list[int] = []
         self._done_t = array("d")
-        self._ends: list[float] = []  # decode ends whose gaps are not judged yet (`_judge`)
-        self._its: list[int] = []
+        self._ends = array("d")  # decode ends whose gaps are not judged yet (`_judge`): C arrays that numpy
+        self._its = array("q")  # reads without converting a Python object per call
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -184,8 +184,12 @@ class Tally:
 
     def decode_calls(self, ends, iterations) -> None:
         """Decode calls' end times and iterations, in time order."""
-        self._ends.extend(ends.tolist() if isinstance(ends, np.ndarray) else ends)
-        self._its.extend(iterations.tolist() if isinstance(iterations, np.ndarray) else iterations)
+        if isinstance(ends, np.ndarray):
+            self._ends.frombytes(ends.astype(float).tobytes())
+            self._its.frombytes(np.asarray(iterations, np.int64).tobytes())
+        else:
+            self._ends.extend(ends)
+            self._its.extend(iterations)
         if len(self._ends) >= FLUSH:
             self._judge(final=False)
 
@@ -214,10 +218,10 @@ class Tally:
         before the last end are judged: every request finished by then is known (calls come in
         time order). The first end buffered is the start of the next gap, never a gap's end."""
         self._tally_requests()  # the requests finished by now are known
-        ends = np.asarray(self._ends, float)
+        ends = np.frombuffer(self._ends, float).copy()
         if len(ends) < 2:
             return
-        its = np.asarray(self._its, np.int64)
+        its = np.frombuffer(self._its, np.int64).copy()
         if np.any(np.diff(ends) < 0):
             raise ValueError("decode calls fed out of time order")
         prev = ends[:-1]
@@ -236,7 +240,7 @@ class Tally:
             behind = int(np.searchsorted(finish, p[-1], "right"))
             self._finished_before += behind
             self._finish, self._finish_sorted = finish[behind:].tolist(), True
-        self._ends, self._its = ends[m:].tolist(), its[m:].tolist()
+        self._ends, self._its = array("d", ends[m:].tobytes()), array("q", its[m:].tobytes())
 
     # ---- the result -----------------------------------------------------------------------------
 

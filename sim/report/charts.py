@@ -168,3 +168,17 @@ def capacity_chart(frame: pd.DataFrame) -> alt.FacetChart:
     return alt.layer(line, rule, data=frame).properties(width=WIDTH, height=HEIGHT).facet(
         facet=alt.Facet("metric:N", title=None), columns=2).resolve_scale(y="independent").properties(
         title="SLO metrics against the arrival rate (dashed: the SLO)")
+
+
+def offset_chart(frame: pd.DataFrame) -> alt.FacetChart:
+    """A chunk's measured seconds (points) and fitted (line) against its offset, one panel per
+    chunk size, one colour per model: how much the context before a chunk costs each model."""
+    base = alt.Chart(frame).encode(
+        x=alt.X("prefix:Q", title="offset (tokens cached before the chunk)"),
+        color=alt.Color("model:N", title="model"))
+    tip = ["model:N", "chunk:Q", "prefix:Q", alt.Tooltip("measured:Q", format=".4g"), alt.Tooltip("fitted:Q", format=".4g")]
+    pts = base.mark_point(filled=True, size=50).encode(y=alt.Y("measured:Q", title="seconds"), tooltip=tip)
+    fit = base.mark_line(strokeDash=[4, 3]).encode(y="fitted:Q")
+    return alt.layer(pts, fit).properties(width=200, height=160).facet(
+        facet=alt.Facet("chunk:O", title="chunk tokens"), columns=5).resolve_scale(y="independent")
+

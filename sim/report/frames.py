@@ -11,6 +11,7 @@ import pandas as pd
 from policies.budget import auto_target
 from policies.settings import KEYS, variant_label
 from sim.engine.log import EventLog
+from sim.engine.memory import attention_layers
 from sim.metrics import registry
 from sim.metrics.scoring import decode_gaps
 from sim.report.sources import LogSeries, ReportError
@@ -264,3 +265,37 @@ def capacity_frame(curve: pd.DataFrame, slo: list[str]) -> pd.DataFrame:
                 rows.append({"label": r["label"], "rate": float(r["rate_req_s"]), "metric": c.metric, "value": float(v),
                              "bound": c.bound})
     return pd.DataFrame(rows, columns=["label", "rate", "metric", "value", "bound"])
+
+
+def offset_frame(profiles: list[dict]) -> pd.DataFrame:
+    """Each profile's measured prefill samples: a chunk's seconds against its offset (the tokens
+    already cached), by model; only chunk sizes timed at two offsets or more say how cost grows."""
+    rows = []
+    for prof in profiles:
+        name = prof["model"].get("name", "?")
+        for s in prof.get("samples") or []:
+            if s.get("step") == "prefill" and s.get("seconds") is not None:
+                rows.append({"model": name, "chunk": int(s["chunk"]), "prefix": int(s.get("prefix", 0)),
+                             "measured": float(s["seconds"]), "fitted": s.get("fitted")})
+    frame = pd.DataFrame(rows, columns=["model", "chunk", "prefix", "measured", "fitted"])
+    if frame.empty:
+        return frame
+    offsets = frame.groupby(["model", "chunk"])["prefix"].transform("nunique")
+    return frame[offsets >= 2].sort_values(["model", "chunk", "prefix"]).reset_index(drop=True)
+
+
+def offset_terms(profiles: list[dict], chunk: int = 64) -> list[dict]:
+    """The fitted terms that say how a chunk's cost grows with its offset: the prefill form's
+    c*L + d, per 1,000 tokens of offset for an L-token chunk (`sim.cost.model.LinearCostModel`)."""
+    rows = []
+    for prof in profiles:
+        pf = prof["cost"]["prefill"]
+        coef = list(pf["coef"]) + [0.0] * (4 - len(pf["coef"]))
+        c, d = coef[2], coef[3]
+        shapes = prof["model"].get("shapes") or {}
+        rows.append({"model": prof["model"].get("name", "?"), "chunk": chunk,
+                     "ms per 1k offset tokens": round((c * chunk + d) * 1e6, 3),
+                     "layers": shapes.get("num_hidden_layers"), "attention layers": attention_layers(shapes)
+                     if shapes.get("num_hidden_layers") else None})
+    return rows
+

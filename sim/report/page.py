@@ -22,6 +22,7 @@ from sim.report.charts import (
     confirm_error_chart,
     ecdf_chart,
     gap_percentile_chart,
+    offset_chart,
     timeline_chart,
     tradeoff_chart,
 )
@@ -33,6 +34,8 @@ from sim.report.frames import (
     ecdf_frame,
     gap_percentile_frame,
     group_name,
+    offset_frame,
+    offset_terms,
     path_frame,
     pick_marks,
     timeline_frame,
@@ -63,8 +66,9 @@ class Section:
 
 def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, profile: dict | None = None,
                    simulated: dict | None = None, latency: str | None = None,
-                   capacity: tuple[dict, object] | None = None) -> tuple[list[Section], dict]:
-    """Every chart the inputs allow, in page order, and a JSON-able summary of what went in."""
+                   capacity: tuple[dict, object] | None = None, others: list[dict] = ()) -> tuple[list[Section], dict]:
+    """Every chart the inputs allow, in page order, and a JSON-able summary of what went in.
+    `others`: more profiles, whose chunk costs against the offset are drawn beside `profile`'s."""
     secs, summary = [], {}
     if capacity is not None:  # `pdsim capacity`: each SLO metric against the rate, and the pick
         doc, curve = capacity
@@ -204,6 +208,21 @@ def build_sections(sweep: Sweep | None = None, confirm: dict | None = None, prof
                                      "(the built-in illustrative profile has none; use one from `pdsim calibrate`)"))
     else:
         secs.append(Section("calibration", "Calibration quality", "", note="skipped: no --profile given"))
+    profiles = ([profile] if profile is not None else []) + list(others)
+    of = offset_frame(profiles)
+    if len(of):
+        terms = offset_terms(profiles)
+        about = ("A prefill chunk's measured time (points) and the fitted cost model's (dashed) against the "
+                 "tokens already in the cache, from each profile's calibration samples. A hybrid model "
+                 "attends to that context in its attention layers only (Qwen3.5: one layer in four); its "
+                 "linear-attention layers carry a fixed-size state, whatever the offset. The table: the "
+                 "fitted growth per 1,000 tokens of offset.")
+        secs.append(Section("offset", "A chunk's cost against its offset", about, offset_chart(of), "",
+                            _html_table(terms, list(terms[0]))))
+        summary["offset"] = terms
+    elif profiles:
+        secs.append(Section("offset", "A chunk's cost against its offset", "",
+                            note="skipped: no profile has a chunk size timed at two offsets"))
     return secs, summary
 
 
@@ -292,7 +311,8 @@ def png_bytes(chart, scale: float = 2.0) -> bytes:
     return vlc.vegalite_to_png(chart.to_dict(), vl_version=vl_version_for_vl_convert(), scale=scale)
 
 
-SECTIONS = ("capacity", "tradeoff", "gaps", "gap_ecdf", "timeline", "confirm", "confirm_error", "confirm_calls", "calibration")
+SECTIONS = ("capacity", "tradeoff", "gaps", "gap_ecdf", "timeline", "confirm", "confirm_error", "confirm_calls", "calibration",
+            "offset")
 REPORT_NAMES = ("report.html", "report.json") + tuple(f"{n}.png" for n in SECTIONS)  # what a report owns in its folder
 
 
@@ -336,12 +356,13 @@ def _make_report(folder: OutputFolder, sweep_dir, confirm_path, profile_path, si
     from sim.cost.profile import load_profile
     sweep = load_sweep(sweep_dir) if sweep_dir else None
     confirm = load_confirm(confirm_path) if confirm_path else None
-    profile = load_profile(profile_path) if profile_path else None
+    paths = [profile_path] if isinstance(profile_path, (str, Path)) else list(profile_path or [])
+    profile, *others = [load_profile(p) for p in paths] or [None]
     simulated = load_simulate(simulate_path) if simulate_path else None
     capacity = load_capacity(capacity_dir) if capacity_dir else None
-    sections, summary = build_sections(sweep, confirm, profile, simulated, latency, capacity)
+    sections, summary = build_sections(sweep, confirm, profile, simulated, latency, capacity, others)
     inputs = {"sweep": str(sweep_dir) if sweep_dir else None, "confirm": str(confirm_path) if confirm_path else None,
-              "profile": str(profile_path) if profile_path else None,
+              "profile": (str(paths[0]) if len(paths) == 1 else [str(p) for p in paths]) if paths else None,
               "simulate": str(simulate_path) if simulate_path else None,
               **({"capacity": str(capacity_dir)} if capacity_dir else {})}
     return write_report(folder, sections, inputs, summary, overwrite, png)
