@@ -114,7 +114,9 @@ def _run(args: argparse.Namespace, out: Path, host: dict) -> int:
     dtype = args.dtype or DEFAULT_DTYPE[host["kind"]]
     precision = "" if dtype == DEFAULT_DTYPE[host["kind"]] and not args.quant_bits else \
         dtype + (f"-q{args.quant_bits}" if args.quant_bits else "")
-    print(f"precision: {dtype}" + (f", weights quantized to {args.quant_bits} bits" if args.quant_bits else ""))
+    asked = not args.profile or args.dtype is not None or args.quant_bits is not None  # (else: the profile's)
+    if asked:
+        print(f"precision: {dtype}" + (f", weights quantized to {args.quant_bits} bits" if args.quant_bits else ""))
     profile = Path(args.profile) if args.profile else \
         default_profile_path(args.model, host["kind"], profile_engine, precision)
     reuse = profile.exists() and not args.recalibrate
@@ -122,7 +124,7 @@ def _run(args: argparse.Namespace, out: Path, host: dict) -> int:
         try:
             made = load_profile(profile)
             check_profile_matches(made, args.model, host["id"])
-            if (made["model"].get("dtype"), made["model"].get("quant_bits")) != (dtype, args.quant_bits):
+            if asked and (made["model"].get("dtype"), made["model"].get("quant_bits")) != (dtype, args.quant_bits):
                 raise ProfileError(f"profile {profile} is of {made['model'].get('dtype')} weights"
                                    + (f" quantized to {made['model']['quant_bits']} bits" if made["model"].get("quant_bits")
                                       else "") + f"; this tune asks for {dtype}"
