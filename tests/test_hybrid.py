@@ -15,15 +15,9 @@ from calibrate.engine.model import HYBRID_CONFIGS, ModelError, build_model
 from sim.cost.model import LinearCostModel
 from sim.engine.memory import attention_layers, kv_bytes_per_token, state_bytes_per_request, state_tokens
 from sim.replay import simulate
+from tests.test_engine_real import SETTINGS  # the dense model's settings, run on the hybrid
 from traces.generators import tinyllm
 
-SETTINGS = [
-    {"policy": "chunked", "budget": 8, "batch_size": 4},
-    {"policy": "chunked", "budget": 32, "batch_size": 2},
-    {"policy": "eager", "batch_size": 4},
-    {"policy": "fifo"},
-    {"policy": "chunked", "budget": 8, "batch_size": 4, "decode": "single", "order": "decode-first"},
-]
 COST = LinearCostModel((1e-3, 1e-5, 1e-8), (1e-3, 1e-4, 1e-7), copy=1e-6, fresh=1e-6)
 
 
