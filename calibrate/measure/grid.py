@@ -34,7 +34,7 @@ class Grid:
     contexts: list[int]  # decode context lengths (every request equal)
     mixed: list[list[int]] = field(default_factory=list)  # decode batches with mixed contexts
     repeats: int = 3  # rounds: each times every point once, in its own shuffled order
-    warmup: int = 1  # untimed runs on a point's first visit (the master cache's real chunk warms every kernel once anyway)
+    warmup: int = 1  # untimed rounds before the first timed one (`calibrate.measure.profiler.warm_up`)
     odd_chunks: list[int] = field(default_factory=list)  # unaligned chunk lengths, each at one offset in turn
     singles: list[int] | None = None  # contexts of single decodes, a request on its own cache (default: contexts)
     offset_chunk_max: int | None = None  # longer `chunks` are timed at offset 0 only (None: at every offset)
@@ -113,7 +113,7 @@ def key_of(p: dict) -> str:
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],
                                               [777] * 3, [100] * 5, [333] * 6, [555] * 7],
-             repeats=2, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777],
+             repeats=2, warmup=1, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777],
              offset_chunk_max=64, prompt_max=256, odd_prompts=spread(257, 511, 2),
              fused=[[b, c, n, p] for b, c in ((0, 0), (1, 200), (4, 200), (4, 600))
                     for n, p in ((0, 0), (24, 0), (77, 300), (160, 0), (211, 0)) if b or n])
@@ -144,7 +144,7 @@ class MlxLmGrid:
     firsts: list[list[int]] = field(default_factory=list)
     merges: list[list[int]] = field(default_factory=list)
     repeats: int = 3
-    warmup: int = 1
+    warmup: int = 1  # untimed rounds before the first timed one
 
     def max_context(self) -> int:
         return max([o + max(p) for o in self.offsets for p in self.prompts] + self.contexts
@@ -187,7 +187,7 @@ MLX_QUICK = MlxLmGrid(prompts=[[16], [32], [64], [128], [256], [16, 16], [64, 64
                       offsets=[0, 400], batches=list(range(1, 9)), contexts=[100, 400, 800],
                       firsts=[[1, 100], [2, 300], [4, 100], [3, 600]],
                       merges=[[2, 300, 1, 100], [4, 600, 2, 200], [1, 100, 3, 500], [6, 400, 1, 400]], repeats=3,
-                      warmup=0)
+                      warmup=1)
 # For qwen3-tiny in tests: the same structure, small and fast.
 MLX_TINY = MlxLmGrid(prompts=[[8], [32], [8, 8], [16, 16, 16], [16, 4], [30, 8, 3]], offsets=[0, 40],
                      batches=[1, 2, 3, 4], contexts=[20, 70], firsts=[[1, 20], [3, 50]],
