@@ -74,14 +74,22 @@ def host_info() -> dict:
         "mlx_lm": _version("mlx-lm"),
         "blas": blas_in_use() if kind == "cpu" else "n/a (GPU)",
         "malloc": keep_freed_memory(),  # freed memory stays with the engine's process (`calibrate.host.malloc`)
-        # what MLX lets this process allocate (on a Mac: from the GPU's working set; here: from RAM),
         # the device's room for weights and KV cache (`sim.engine.memory.device_kv_tokens`)
-        "memory_limit_bytes": int(mx.get_memory_limit()),
+        "memory_limit_bytes": device_memory(),
     }
     # the BLAS kernels are part of a CPU device: the same CPU on generic kernels runs 5-7x slower
     blas = info["blas"].split(" (core ")[-1].rstrip(")") if " (core " in info["blas"] else info["blas"].split()[0]
     info["id"] = f"{kind}:{cpu}:{cores}:{blas}" if kind == "cpu" else _gpu_id(gpu)
     return info
+
+
+def device_memory() -> int:
+    """Bytes the engine may hold on this device: Metal's recommended working set where the device
+    reports one (MLX's own limit there is 1.5x that, about 85% of a Mac's RAM, where the GPU
+    starts to page), else what MLX lets this process allocate (here: from RAM)."""
+    limit = int(mx.get_memory_limit())
+    recommended = mx.device_info().get("max_recommended_working_set_size")
+    return min(limit, int(recommended)) if recommended else limit
 
 
 def speed_rules(host: dict) -> dict:
