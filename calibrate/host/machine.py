@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import platform
+import re
+import subprocess
 from importlib.metadata import PackageNotFoundError, version
 
 import mlx.core as mx
@@ -38,13 +40,36 @@ def _gpu_name(cpu: str) -> str:
     return name or cpu
 
 
-def _gpu_id(gpu: str) -> str:
-    """A GPU's id, with MLX's CUDA-graph switch where it is set: on an H200 it moves a decode step's
+def _gpu_id(gpu: str, info: dict | None = None, cores: int | None = None) -> str:
+    """A GPU's id: its name, then what separates machines that share it (Apple's chips come with
+    several GPU core counts and memory sizes under one name: an M3 Max of 30 or 40 cores, 36 to
+    128 GB), then MLX's CUDA-graph switch where it is set: on an H200 it moves a decode step's
     time between modes (about 4 and 6-7 ms with graphs, 7.2-7.8 ms steady without), so a profile
-    timed one way prices the other wrongly."""
+    timed one way prices the other wrongly. `info`: `mx.device_info()`; `cores`: the GPU's cores."""
     import os
+    info = info or {}
+    parts = [f"gpu:{gpu}"]
+    if cores:
+        parts.append(f"{cores} cores")
+    if info.get("memory_size"):
+        parts.append(f"{round(int(info['memory_size']) / 2 ** 30)} GiB")
     graphs = os.environ.get("MLX_USE_CUDA_GRAPHS")
-    return f"gpu:{gpu}" if graphs is None else f"gpu:{gpu}:cuda_graphs={graphs}"
+    if graphs is not None:
+        parts.append(f"cuda_graphs={graphs}")
+    return ":".join(parts)
+
+
+def _gpu_cores() -> int | None:
+    """An Apple GPU's core count, from the IO registry (macOS only; None elsewhere or if unread)."""
+    if platform.system() != "Darwin":
+        return None
+    try:
+        out = subprocess.run(["ioreg", "-rd1", "-c", "AGXAccelerator"], capture_output=True, text=True,
+                             timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r'"gpu-core-count"\s*=\s*(\d+)', out)
+    return int(found.group(1)) if found else None
 
 
 def _version(pkg: str) -> str:
@@ -79,7 +104,7 @@ def host_info() -> dict:
     }
     # the BLAS kernels are part of a CPU device: the same CPU on generic kernels runs 5-7x slower
     blas = info["blas"].split(" (core ")[-1].rstrip(")") if " (core " in info["blas"] else info["blas"].split()[0]
-    info["id"] = f"{kind}:{cpu}:{cores}:{blas}" if kind == "cpu" else _gpu_id(gpu)
+    info["id"] = f"{kind}:{cpu}:{cores}:{blas}" if kind == "cpu" else _gpu_id(gpu, mx.device_info(), _gpu_cores())
     return info
 
 
