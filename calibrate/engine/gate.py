@@ -30,8 +30,8 @@ ULPS = 4  # a 16-bit dtype's logits may differ by this many of its epsilons (rou
 def tolerance(dtype: str = "float32") -> float:
     """The gate's rtol and atol for logits computed in `dtype` on this device: FP32's, TF32's where
     the products run in TF32, or a 16-bit dtype's own rounding (`ULPS` epsilons: bfloat16 0.031,
-    float16 0.0039). On this CPU chunked and one-shot logits were bit-identical in every dtype,
-    quantized or not (qwen3-tiny and qwen3-0.6b, chunks of 8 and 32)."""
+    float16 0.0039). On this CPU chunked and one-shot logits were bit-identical (chunks of 8 and
+    32): qwen3-tiny in all three dtypes, qwen3-0.6b in float32, each 4-bit or not."""
     fp32 = TF32_TOL if matmul_rel_error() > TF32_ERROR else RTOL
     return max(fp32, ULPS * EPSILON[dtype])
 
