@@ -216,7 +216,7 @@ def test_a_whole_prompt_longer_than_every_chunk_is_timed_at_its_length(monkeypat
     for p in grid.points():
         if p["step"] == "prefill":
             fed.clear()
-            prof.measure(p, first_visit=False)
+            prof.measure(p)
             assert fed[-1] == p["chunk"], p  # (the first builds the master cache before)
 
 

@@ -73,3 +73,16 @@ def test_capacity_never_goes_below_zero(tokens):
     prof = profile(tokens)
     prof["memory"]["weights_bytes"] = 1e15  # weights larger than the device
     assert device_kv_tokens(prof) == 0
+
+
+def test_the_device_memory_is_metals_recommended_working_set_where_reported(monkeypatch):
+    """MLX lets a Mac's process allocate 1.5x the GPU's recommended working set, where the GPU
+    pages: a profile records the working set there, and MLX's limit where none is reported."""
+    import mlx.core as mx
+
+    from calibrate.host.machine import device_memory
+    limit = mx.get_memory_limit()
+    monkeypatch.setattr(mx, "device_info", lambda: {"device_name": "x"})
+    assert device_memory() == limit
+    monkeypatch.setattr(mx, "device_info", lambda: {"max_recommended_working_set_size": limit // 3})
+    assert device_memory() == limit // 3

@@ -198,3 +198,21 @@ def test_glibc_faults_what_the_heap_model_says_call_by_call():
     for p, m in zip(predicted, out["faulted"]):
         assert abs(p - m) <= max(2.0, 0.3 * m), (predicted, out["faulted"])
     assert sum(predicted) == pytest.approx(sum(out["faulted"]), rel=0.15)
+
+
+def test_a_replay_follows_the_heap_only_where_its_profile_prices_fresh_memory():
+    """A host effect is paid for only where the profile measured it: the built-in profile prices
+    no fresh memory, so its replays place nothing and no call meets fresh memory; a CPU profile
+    whose calibration priced page faults follows the heap, and some calls fault."""
+    from pathlib import Path
+
+    from sim.cost.profile import BUILTIN, cost_model, load_profile
+    from sim.engine.heap import NoHeap
+    cpu = Path(__file__).parents[1] / "benchmarks" / "fixtures" / "cpu-qwen3-0.6b.json"
+    trace = gamma(40, 2.0, 1 / 3, 9, 333, 3, 21, seed=5)
+    for path, prices in ((BUILTIN, False), (cpu, True)):
+        cost = cost_model(load_profile(path))
+        assert cost.prices_fresh is prices
+        assert isinstance(cost.fresh_heap(), NoHeap) is not prices
+        log = simulate(trace, policies.make("chunked", 64, 4, cost=cost), cost)
+        assert any(c.fresh for c in log.calls) is prices

@@ -28,6 +28,15 @@ def test_a_gpu_timed_without_cuda_graphs_is_another_device(monkeypatch):
     assert host._gpu_id("NVIDIA H200") == "gpu:NVIDIA H200:cuda_graphs=0"
 
 
+def test_macs_sharing_a_chip_name_are_told_apart_by_gpu_cores_and_memory(monkeypatch):
+    monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)
+    info = {"device_name": "Apple M3 Max", "memory_size": 48 * 2 ** 30}
+    assert host._gpu_id("Apple M3 Max", info, 40) == "gpu:Apple M3 Max:40 cores:48 GiB"
+    assert host._gpu_id("Apple M3 Max", info, 30) != host._gpu_id("Apple M3 Max", info, 40)
+    assert host._gpu_id("Apple M3 Max", dict(info, memory_size=36 * 2 ** 30), 30) == "gpu:Apple M3 Max:30 cores:36 GiB"
+    assert host._gpu_cores() is None or host.platform.system() == "Darwin"  # read on macOS only
+
+
 def test_no_blas_preload_where_mlx_runs_on_a_gpu(monkeypatch, capsys):
     monkeypatch.delenv(blas.MARK, raising=False)
     monkeypatch.setattr(blas.platform, "system", lambda: "Linux")

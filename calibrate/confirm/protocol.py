@@ -78,13 +78,14 @@ def gate(prof: dict, trace: Trace, settings: list[dict], engine: str = "pdsim") 
     """Chunked vs one-shot logits for every budget (mlx-lm: every prefill step); identical greedy
     tokens across settings (mlx-lm: BatchGenerator's under every setting, and pdsim's eager engine's)."""
     spec = model_spec(prof)
-    lm = build_as_profiled(dict(spec, dtype="float32", quant_bits=None))  # the gate's tolerances are for FP32
+    lm = build_as_profiled(spec)  # the kernels that are timed: the profile's dtype and quantization
     req = max(trace.requests[:4], key=lambda r: r.prompt_len)
     prompt = prompt_tokens(req, lm.vocab_size)
     steps = {s.get("budget") or s.get("prefill_step") for s in settings} - {None}
     steps = {b for b in steps if isinstance(b, int)}  # an auto:MS budget's chunks vary: the default length below
     budgets = sorted({b for b in steps if b < len(prompt)} or {max(1, len(prompt) // 3)})
-    tol = tolerance()
+    tol = tolerance(lm.dtype)
+    precision = {"dtype": lm.dtype, "quant_bits": lm.quant_bits}  # what the gate checked: the timed kernels
     logits = [chunked_logits_match(lm, prompt[:min(len(prompt), 2 * b + 1)], b, tol) for b in budgets]
     from calibrate.engine.executor import RealEngine
     real, short = RealEngine(lm), warmup_trace(trace, n=3, outputs=6)
@@ -94,13 +95,13 @@ def gate(prof: dict, trace: Trace, settings: list[dict], engine: str = "pdsim") 
         outs = [run.outputs for run, _, _ in runs] + [real.run(short, policies.make("eager", batch_size=3)).outputs]
         same = all(o == outs[0] for o in outs)
         calls = all(check.ok for _, check, _ in runs)
-        return {"logits": logits, "greedy_tokens_identical": same, "policy_calls_identical": calls,
+        return {"logits": logits, "greedy_tokens_identical": same, "policy_calls_identical": calls, **precision,
                 "ok": same and calls and all(g["ok"] for g in logits)}
     cost = cost_model(prof)
     outs = [real.run(short, policies.make(**s, cost=cost)).outputs for s in settings]
     same = all(o == outs[0] for o in outs)
     mixed = [mixed_logits_match(lm, tol)] if any(s["policy"] == "vllm" for s in settings) else []
-    return {"logits": logits, "greedy_tokens_identical": same, **({"mixed": mixed[0]} if mixed else {}),
+    return {"logits": logits, "greedy_tokens_identical": same, **({"mixed": mixed[0]} if mixed else {}), **precision,
             "ok": same and all(g["ok"] for g in logits + mixed)}
 
 

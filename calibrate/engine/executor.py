@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 from calibrate.engine.kernels import Cache, DecodeBatch, decode_one, new_cache, prefill_chunk
 from calibrate.engine.mixed import mixed_forward
@@ -73,7 +74,18 @@ class RealEngine:
     kv_capacity: int | None = None  # the device's KV tokens, as the profile predicts them (`sim.engine.kvlimit.kv_limit_of`)
 
     def run(self, trace: Trace, policy: Policy, on_call=None) -> RealRun:
-        """Serve `trace` under `policy` in real time; requests arrive at their trace times."""
+        """Serve `trace` under `policy` in real time; requests arrive at their trace times. The
+        wired limit is what mlx-lm's BatchGenerator sets (Metal's recommended working set; no
+        change elsewhere), so both engines run with the same memory kept resident."""
+        old = maybe_set_recommended_wired_limit()
+        try:
+            return self._serve(trace, policy, on_call)
+        finally:
+            if old is not None:
+                mx.synchronize()
+                mx.set_wired_limit(old)
+
+    def _serve(self, trace: Trace, policy: Policy, on_call=None) -> RealRun:
         limit = kv_limit_of(policy, kv_bytes_per_token(self.lm.config, self.lm.dtype), self.kv_capacity)
         state = EngineState(trace, self.heap, kv_limit=limit, state_tokens=state_tokens(self.lm.config, self.lm.dtype))
         self.caches, self.batch = {}, DecodeBatch(self.lm)

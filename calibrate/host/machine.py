@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import platform
+import re
+import subprocess
 from importlib.metadata import PackageNotFoundError, version
 
 import mlx.core as mx
@@ -38,13 +40,36 @@ def _gpu_name(cpu: str) -> str:
     return name or cpu
 
 
-def _gpu_id(gpu: str) -> str:
-    """A GPU's id, with MLX's CUDA-graph switch where it is set: on an H200 it moves a decode step's
+def _gpu_id(gpu: str, info: dict | None = None, cores: int | None = None) -> str:
+    """A GPU's id: its name, then what separates machines that share it (Apple's chips come with
+    several GPU core counts and memory sizes under one name: an M3 Max of 30 or 40 cores, 36 to
+    128 GB), then MLX's CUDA-graph switch where it is set: on an H200 it moves a decode step's
     time between modes (about 4 and 6-7 ms with graphs, 7.2-7.8 ms steady without), so a profile
-    timed one way prices the other wrongly."""
+    timed one way prices the other wrongly. `info`: `mx.device_info()`; `cores`: the GPU's cores."""
     import os
+    info = info or {}
+    parts = [f"gpu:{gpu}"]
+    if cores:
+        parts.append(f"{cores} cores")
+    if info.get("memory_size"):
+        parts.append(f"{round(int(info['memory_size']) / 2 ** 30)} GiB")
     graphs = os.environ.get("MLX_USE_CUDA_GRAPHS")
-    return f"gpu:{gpu}" if graphs is None else f"gpu:{gpu}:cuda_graphs={graphs}"
+    if graphs is not None:
+        parts.append(f"cuda_graphs={graphs}")
+    return ":".join(parts)
+
+
+def _gpu_cores() -> int | None:
+    """An Apple GPU's core count, from the IO registry (macOS only; None elsewhere or if unread)."""
+    if platform.system() != "Darwin":
+        return None
+    try:
+        out = subprocess.run(["ioreg", "-rd1", "-c", "AGXAccelerator"], capture_output=True, text=True,
+                             timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r'"gpu-core-count"\s*=\s*(\d+)', out)
+    return int(found.group(1)) if found else None
 
 
 def _version(pkg: str) -> str:
@@ -74,14 +99,22 @@ def host_info() -> dict:
         "mlx_lm": _version("mlx-lm"),
         "blas": blas_in_use() if kind == "cpu" else "n/a (GPU)",
         "malloc": keep_freed_memory(),  # freed memory stays with the engine's process (`calibrate.host.malloc`)
-        # what MLX lets this process allocate (on a Mac: from the GPU's working set; here: from RAM),
         # the device's room for weights and KV cache (`sim.engine.memory.device_kv_tokens`)
-        "memory_limit_bytes": int(mx.get_memory_limit()),
+        "memory_limit_bytes": device_memory(),
     }
     # the BLAS kernels are part of a CPU device: the same CPU on generic kernels runs 5-7x slower
     blas = info["blas"].split(" (core ")[-1].rstrip(")") if " (core " in info["blas"] else info["blas"].split()[0]
-    info["id"] = f"{kind}:{cpu}:{cores}:{blas}" if kind == "cpu" else _gpu_id(gpu)
+    info["id"] = f"{kind}:{cpu}:{cores}:{blas}" if kind == "cpu" else _gpu_id(gpu, mx.device_info(), _gpu_cores())
     return info
+
+
+def device_memory() -> int:
+    """Bytes the engine may hold on this device: Metal's recommended working set where the device
+    reports one (MLX's own limit there is 1.5x that, about 85% of a Mac's RAM, where the GPU
+    starts to page), else what MLX lets this process allocate (here: from RAM)."""
+    limit = int(mx.get_memory_limit())
+    recommended = mx.device_info().get("max_recommended_working_set_size")
+    return min(limit, int(recommended)) if recommended else limit
 
 
 def speed_rules(host: dict) -> dict:

@@ -34,7 +34,7 @@ class Grid:
     contexts: list[int]  # decode context lengths (every request equal)
     mixed: list[list[int]] = field(default_factory=list)  # decode batches with mixed contexts
     repeats: int = 3  # rounds: each times every point once, in its own shuffled order
-    warmup: int = 1  # untimed runs on a point's first visit (the master cache's real chunk warms every kernel once anyway)
+    warmup: int = 1  # untimed rounds before the first timed one (`calibrate.measure.profiler.warm_up`)
     odd_chunks: list[int] = field(default_factory=list)  # unaligned chunk lengths, each at one offset in turn
     singles: list[int] | None = None  # contexts of single decodes, a request on its own cache (default: contexts)
     offset_chunk_max: int | None = None  # longer `chunks` are timed at offset 0 only (None: at every offset)
@@ -101,7 +101,7 @@ def key_of(p: dict) -> str:
 # 256, so their five runs take about four minutes.
 # Two rounds, and no chunk of 512 or chunks of 128 after a prefix, to stay within ten minutes here:
 # a round costs about 105 s, and a quick calibration 469-479 s (four rounds with those three points
-# take 697-716 s with four engine runs). Fewer timings lose little: over ten calibrations a point's
+# take 697-716 s with four engine runs); with its untimed warm-up round (97 s), 555 s. Fewer timings lose little: over ten calibrations a point's
 # median of three is within a median 1-3% (p90 3-6%) of its median of four, inside the 5% of repeat
 # noise. Refitted from each point's first two timings, 66 confirmed settings held as many targets
 # as from its first three: the six 44 against 43, the tails 34 against 33, all three 24 against 24.
@@ -113,7 +113,7 @@ def key_of(p: dict) -> str:
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],
                                               [777] * 3, [100] * 5, [333] * 6, [555] * 7],
-             repeats=2, warmup=0, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777],
+             repeats=2, warmup=1, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777],
              offset_chunk_max=64, prompt_max=256, odd_prompts=spread(257, 511, 2),
              fused=[[b, c, n, p] for b, c in ((0, 0), (1, 200), (4, 200), (4, 600))
                     for n, p in ((0, 0), (24, 0), (77, 300), (160, 0), (211, 0)) if b or n])
@@ -121,12 +121,23 @@ FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 250, 262, 10
             batches=list(range(1, 17)), contexts=[64, 256, 1024, 2048],
             mixed=[[64, 2048], [128, 256, 512, 1024], [32] * 7 + [2048], [256, 1024, 1024, 2048, 64, 64]],
             repeats=5, warmup=1, odd_chunks=spread(3, 500, 24))
+# A GPU's quick grid covers what `pdsim tune` sweeps there (`sim.commands.tune_capacity`: prompts to
+# 1,024 tokens with up to 256 outputs, budgets to 1,024, vLLM's forwards of up to 64 sequences and
+# 1,024 tokens), so no pick rests on extrapolation: a GPU times these in the minutes a CPU times QUICK.
+QUICK_GPU = Grid(chunks=[8, 16, 32, 64, 128, 256, 512, 1024], offsets=[0, 256, 1024], batches=[1, 2, 4, 8, 16, 32, 64],
+                 contexts=[128, 512, 1400], mixed=[[64, 1400], [128, 256, 512, 1024], [32] * 7 + [1400],
+                                                  [256] * 16, [900] * 24],
+                 repeats=3, warmup=1, odd_chunks=spread(3, 1000, 16) + [24, 56, 104, 300, 700],
+                 singles=[128, 512, 1400], offset_chunk_max=256, prompt_max=1024, odd_prompts=spread(257, 1023, 3),
+                 fused=[[b, c, n, p] for b, c in ((0, 0), (1, 200), (4, 600), (16, 600), (64, 1400))
+                        for n, p in ((0, 0), (24, 0), (77, 300), (211, 0), (700, 0), (1024, 0)) if b or n])
 # For qwen3-tiny in tests: the same structure, small and fast.
 TINY = Grid(chunks=[4, 8, 16, 32], offsets=[0, 16, 48], batches=[1, 2, 3, 4], contexts=[16, 64],
             mixed=[[8, 64]], repeats=3, warmup=1, odd_chunks=spread(3, 30, 4),
             fused=[[b, c, n, p] for b, c in ((0, 0), (1, 20), (3, 40)) for n, p in ((0, 0), (5, 0), (13, 9), (30, 0))
                    if b or n])
-GRIDS = {"quick": QUICK, "full": FULL, "tiny": TINY}
+GRIDS = {"quick": QUICK, "quick-gpu": QUICK_GPU, "full": FULL, "tiny": TINY}
+QUICK_FOR = {"cpu": QUICK, "gpu": QUICK_GPU}  # the quick grid of each device kind (`--quick`, `pdsim tune`)
 
 
 @dataclass
@@ -144,7 +155,7 @@ class MlxLmGrid:
     firsts: list[list[int]] = field(default_factory=list)
     merges: list[list[int]] = field(default_factory=list)
     repeats: int = 3
-    warmup: int = 1
+    warmup: int = 1  # untimed rounds before the first timed one
 
     def max_context(self) -> int:
         return max([o + max(p) for o in self.offsets for p in self.prompts] + self.contexts
@@ -187,9 +198,9 @@ MLX_QUICK = MlxLmGrid(prompts=[[16], [32], [64], [128], [256], [16, 16], [64, 64
                       offsets=[0, 400], batches=list(range(1, 9)), contexts=[100, 400, 800],
                       firsts=[[1, 100], [2, 300], [4, 100], [3, 600]],
                       merges=[[2, 300, 1, 100], [4, 600, 2, 200], [1, 100, 3, 500], [6, 400, 1, 400]], repeats=3,
-                      warmup=0)
+                      warmup=1)
 # For qwen3-tiny in tests: the same structure, small and fast.
 MLX_TINY = MlxLmGrid(prompts=[[8], [32], [8, 8], [16, 16, 16], [16, 4], [30, 8, 3]], offsets=[0, 40],
                      batches=[1, 2, 3, 4], contexts=[20, 70], firsts=[[1, 20], [3, 50]],
                      merges=[[2, 30, 1, 10], [1, 10, 2, 60]], repeats=3, warmup=1)
-MLX_GRIDS = {"quick": MLX_QUICK, "full": MLX_QUICK, "tiny": MLX_TINY}
+MLX_GRIDS = {"quick": MLX_QUICK, "quick-gpu": MLX_QUICK, "full": MLX_QUICK, "tiny": MLX_TINY}

@@ -44,10 +44,10 @@ def _batch_cache(master, rows: int, idx: int, cap: int) -> list:
 
 
 def _timed_faults(fn) -> tuple[float, int]:
-    """`_timed`, and the minor page faults the call took. Every timing starts from an empty buffer
-    cache, so a call that builds a new cache (a merge) faults in every page of it, where the
-    engine's own call mostly reuses freed buffers: qwen3-0.6b's grid merges cost 115-165 us a
-    row written, the engine's 20-45 us. The fit tells the two costs apart by these counts."""
+    """`_timed`, and the minor page faults the call took. A call that builds a new cache (a
+    merge) may fault in pages the engine's own call would find reused: qwen3-0.6b's grid merges
+    cost 115-165 us a row written, the engine's 20-45 us, when every timing started from an
+    emptied buffer cache. The fit tells the two costs apart by these counts."""
     before = minor_faults()
     dt = _timed(fn)
     return dt, minor_faults() - before
@@ -59,7 +59,7 @@ def _room(n: int) -> int:
 
 
 class MlxLmProfiler:
-    """Times one point of an `MlxLmGrid` per call; warm-up runs only on a point's first visit."""
+    """Times one point of an `MlxLmGrid` per call; `run_grid` warms every point up in a round of its own."""
 
     def __init__(self, lm: LoadedModel, grid: MlxLmGrid):
         self.lm, self.grid, self.model = lm, grid, lm.model
@@ -67,13 +67,11 @@ class MlxLmProfiler:
         rng = random.Random(1)
         self.ids = [rng.randrange(lm.vocab_size) for _ in range(max(max(p) for p in grid.prompts))]
 
-    def measure(self, point: dict, first_visit: bool) -> dict:
+    def measure(self, point: dict) -> dict:
         if self.master is None:
             self.master = master_cache(self.lm, self.grid.max_context() + 256)
-        untimed = self.grid.warmup if first_visit else 0
         run = self._prompt if point["step"] == "prompt" else self._generate
-        for _ in range(untimed + 1):
-            seconds, shape = run(point)
+        seconds, shape = run(point)
         return dict(point, seconds=seconds, fresh=0, **shape)
 
     def _batch(self, rows: int, kind, **kw):

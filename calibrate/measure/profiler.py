@@ -117,11 +117,14 @@ def batch_cache(master: Cache, contexts: list[int]) -> Cache:
 
 
 def _timed(fn) -> float:
-    """Seconds `fn` takes, starting from an empty MLX buffer cache.
+    """Seconds `fn` takes, in the state the engine runs in: MLX's buffer cache holding what the
+    call before it left (another shape: a round is shuffled and its warm-up is a round of its
+    own), never emptied (on Metal emptying it hands the buffers back, and every call would pay
+    for new ones that the engine's calls find cached).
 
-    In the engine consecutive calls differ in shape, so a call rarely finds its buffers cached;
-    timing the same shape back to back would reuse them and read ~10% fast (measured on
-    Qwen3-0.6B, CPU: a 32-token chunk 0.68 s repeated, 0.74-0.78 s after another shape).
+    Consecutive calls differ in shape in the engine too; timing one shape back to back would
+    reuse its exact buffers and read ~10% fast (measured on Qwen3-0.6B, CPU: a 32-token chunk
+    0.68 s repeated, 0.74-0.78 s after another shape).
     """
     return _measured(fn)[0]
 
@@ -131,7 +134,6 @@ def _measured(fn) -> tuple[float, int]:
     use rose above what was in use before it (`mx.get_peak_memory` after `mx.reset_peak_memory`):
     the KV arrays it allocated and its temporaries, what `sim.engine.memory` fits. Read around the timed
     call itself, so the memory model costs the calibration no extra calls."""
-    mx.clear_cache()
     before = mx.get_active_memory()
     mx.reset_peak_memory()
     t = time.perf_counter()
@@ -141,7 +143,7 @@ def _measured(fn) -> tuple[float, int]:
 
 
 class Profiler:
-    """Times one grid point per call (one round); warm-up runs only on a point's first visit."""
+    """Times one grid point per call; `run_grid` warms every point up in a round of its own."""
 
     def __init__(self, lm: LoadedModel, grid: Grid):
         self.lm, self.grid = lm, grid
@@ -151,24 +153,22 @@ class Profiler:
                       + [1])  # odd prompts too
         self.ids = [rng.randrange(lm.vocab_size) for _ in range(longest)]
 
-    def measure(self, point: dict, first_visit: bool) -> dict:
+    def measure(self, point: dict) -> dict:
         """One timing of `point`: the point with `seconds` and the shape it ran at."""
         if self.master is None and point["step"] != "overhead":
             self.master = master_cache(self.lm, self.grid.max_context())
-        untimed = self.grid.warmup if first_visit else 0
-        seconds, extra = getattr(self, f"_{point['step']}")(point, untimed)
+        seconds, extra = getattr(self, f"_{point['step']}")(point)
         return dict(point, seconds=seconds, **extra)
 
-    def _prefill(self, p: dict, untimed: int):
+    def _prefill(self, p: dict):
         """A chunk at offset 0 starts a fresh cache, as a prompt's first chunk does in the engine."""
         chunk = self.ids[:p["chunk"]]
-        for _ in range(untimed + 1):
-            cache = sliced(self.master, p["prefix"]) if p["prefix"] else new_cache(self.lm)
-            cap = kv_capacity(cache)
-            dt, peak = _measured(lambda: prefill_chunk(self.lm, cache, chunk))
+        cache = sliced(self.master, p["prefix"]) if p["prefix"] else new_cache(self.lm)
+        cap = kv_capacity(cache)
+        dt, peak = _measured(lambda: prefill_chunk(self.lm, cache, chunk))
         return dt, {"batch": 1, "written": write(cap, p["prefix"], p["chunk"])[1], "peak_extra": peak}
 
-    def _decode(self, p: dict, untimed: int):
+    def _decode(self, p: dict):
         """A steady decode step, on a batch cache with room to grow (`batch_cache`)."""
         ctx = p["contexts"]
         if p.get("batched", True):
@@ -177,37 +177,33 @@ class Profiler:
         else:
             cache = sliced(self.master, ctx[0])
             step = lambda: decode_one(self.lm, cache, 1)
-        for _ in range(untimed + 1):
-            dt, peak = _measured(step)
-        grown = untimed + 1  # the timed step wrote token ctx + grown: its context, as the simulator counts it
-        return dt, {"batch": len(ctx), "context_sum": sum(c + grown for c in ctx), "context_max": max(ctx) + grown,
+        dt, peak = _measured(step)  # it writes token ctx + 1: its context, as the simulator counts it
+        return dt, {"batch": len(ctx), "context_sum": sum(c + 1 for c in ctx), "context_max": max(ctx) + 1,
                     "single": not p.get("batched", True), "written": 0,  # both caches have room to grow
                     "peak_extra": peak}
 
-    def _mixed(self, p: dict, untimed: int):
+    def _mixed(self, p: dict):
         """vLLM's one forward: `decodes` requests one token past `context`, and a prompt chunk of
         `prompt` tokens after `prompt_prefix` cached ones (on a fresh cache at offset 0)."""
-        for _ in range(untimed + 1):
-            caches = [sliced(self.master, p["context"]) for _ in range(p["decodes"])]
-            rows = [[1]] * p["decodes"]
-            prefixes = [p["context"]] * p["decodes"]
-            if p["prompt"]:
-                caches.append(sliced(self.master, p["prompt_prefix"]) if p["prompt_prefix"] else new_cache(self.lm))
-                rows.append(self.ids[:p["prompt"]])
-                prefixes.append(p["prompt_prefix"])
-            caps = [kv_capacity(c) for c in caches]
-            dt, peak = _measured(lambda: mixed_forward(self.lm, caches, rows))
+        caches = [sliced(self.master, p["context"]) for _ in range(p["decodes"])]
+        rows = [[1]] * p["decodes"]
+        prefixes = [p["context"]] * p["decodes"]
+        if p["prompt"]:
+            caches.append(sliced(self.master, p["prompt_prefix"]) if p["prompt_prefix"] else new_cache(self.lm))
+            rows.append(self.ids[:p["prompt"]])
+            prefixes.append(p["prompt_prefix"])
+        caps = [kv_capacity(c) for c in caches]
+        dt, peak = _measured(lambda: mixed_forward(self.lm, caches, rows))
         written = sum(write(cap, pre, len(r))[1] for cap, pre, r in zip(caps, prefixes, rows))
         return dt, {"batch": len(rows), "chunks": [len(r) for r in rows], "prefixes": prefixes, "written": written,
                     "peak_extra": peak}
 
-    def _overhead(self, p: dict, untimed: int):
+    def _overhead(self, p: dict):
         """Host work per iteration: time between engine calls on a short real run, over iterations."""
         engine = RealEngine(self.lm)
         # small on purpose: the gaps between calls do not depend on the calls' sizes
         trace = tinyllm(num_seqs=3, min_in=8, max_in=24, min_out=4, max_out=4, seed=3, vocab=self.lm.vocab_size)
-        for _ in range(untimed + 1):
-            log = engine.run(trace, policies.make("chunked", 16, 2)).log
+        log = engine.run(trace, policies.make("chunked", 16, 2)).log
         between = sum(b.start - a.end for a, b in zip(log.calls, log.calls[1:]))
         return between / max(c.iteration for c in log.calls), {}
 
@@ -239,14 +235,15 @@ def run_grid(lm: LoadedModel, grid: Grid, partial: Path | Journal, header: dict 
         order = list(points)
         random.Random(f"{seed}/{r}").shuffle(order)
         todo[r] = [p for p in order if (p["key"], r) not in done and (r == rounds[0] or p["step"] not in ONCE)]
-    visited: set[str] = set()  # warm-up is per process: a resumed run warms each point again
     prof = profiler or Profiler(lm, grid)
     left = sum(map(len, todo.values()))
+    if left:
+        warm_up(prof, {p["key"]: p for r in rounds for p in todo[r] if p["step"] not in ONCE}, grid.warmup, seed,
+                progress)
     with tqdm(desc="calibrating", unit="pt", disable=not progress, initial=len(done), total=len(done) + left) as bar:
         for r in rounds:
             for p in todo[r]:
-                s = dict(prof.measure(p, first_visit=p["key"] not in visited), round=r)
-                visited.add(p["key"])
+                s = dict(prof.measure(p), round=r)
                 done[p["key"], r] = s
                 partial.append(s)
                 bar.update()
@@ -260,7 +257,7 @@ def run_grid(lm: LoadedModel, grid: Grid, partial: Path | Journal, header: dict 
             bar.write(f"round {r + 1} ran {ratio:.2f}x slower than the others (another process?): timed again "
                       f"({tries} of {RETRIES} tries)")
             for p in [q for q in points if (q["key"], r) in done]:
-                s = dict(prof.measure(p, first_visit=False), round=r, retry=tries)
+                s = dict(prof.measure(p), round=r, retry=tries)
                 done[p["key"], r] = s
                 partial.append(s)
         else:
@@ -270,6 +267,19 @@ def run_grid(lm: LoadedModel, grid: Grid, partial: Path | Journal, header: dict 
                 return [combine([done[p["key"], r] for r in rounds if (p["key"], r) in done], fastest=True)
                         for p in points]
     return [combine([done[p["key"], r] for r in rounds if (p["key"], r) in done]) for p in points]
+
+
+def warm_up(prof, points: dict[str, dict], rounds: int, seed: int, progress: bool) -> None:
+    """`rounds` untimed rounds over the points a run will time, before its first timing: every
+    kernel variant compiled (Metal builds a pipeline per variant on first use) and MLX's buffer
+    cache filled as a running engine's is. Per process: a resumed run warms up again."""
+    order = list(points.values())
+    with tqdm(desc="warming up", unit="pt", disable=not progress, total=rounds * len(order)) as bar:
+        for r in range(rounds):
+            random.Random(f"{seed}/warm-up/{r}").shuffle(order)
+            for p in order:
+                prof.measure(p)
+                bar.update()
 
 
 DISTURBED = 1.25  # a round whose points took this much longer than in the other rounds (median ratio)

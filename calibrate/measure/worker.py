@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import mlx.core as mx
+
 import policies
 from calibrate.engine.executor import RealEngine
 from calibrate.engine.model import build_as_profiled
@@ -104,7 +106,9 @@ class RunFailed(RuntimeError):
 
 def run_fresh(spec: dict, out: Path) -> dict:
     """`run_spec` in a new Python process (the protocol: no run inherits another's allocator,
-    buffers or warm kernels); the result is also left in `out`."""
+    buffers or warm kernels); the result is also left in `out`. This process hands its MLX buffer
+    cache back first: on unified memory a parent's cached buffers are the timed run's memory too."""
+    mx.clear_cache()
     spec_path = out.with_suffix(".spec.json")
     spec_path.write_text(json.dumps(spec))
     p = subprocess.run([sys.executable, "-m", "calibrate.measure.worker", str(spec_path), str(out)],

@@ -31,7 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--any-mlx-lm", action="store_true",
                    help="with --engine mlx-lm: time an mlx-lm version the mlx-lm policy was not checked against")
     p.add_argument("--quick", action="store_true", help="the quick grid (minutes on a laptop CPU)")
-    p.add_argument("--grid", choices=["quick", "full", "tiny"], help="grid to time (default full; --quick = quick)")
+    p.add_argument("--grid", choices=["quick", "quick-gpu", "full", "tiny"],
+                   help="grid to time (default full; --quick = quick: on a GPU, quick-gpu, which covers what "
+                        "`pdsim tune` sweeps there)")
     tokens = whole(1, MAX_TOKENS)
     p.add_argument("--chunks", type=tokens, nargs="+", help="override the grid's prefill chunk sizes")
     p.add_argument("--offsets", type=whole(0, MAX_TOKENS), nargs="+", help="override the grid's prefill cache offsets")
@@ -101,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
     grid_name = args.grid or ("quick" if args.quick else "full")
     if args.engine == "mlx-lm":
         return run_mlx_lm(args, grid_name, overrides)
+    if grid_name == "quick":  # the device kind's own (a GPU's covers what tune sweeps there)
+        from calibrate.host.machine import host_info
+        grid_name = {"cpu": "quick", "gpu": "quick-gpu"}[host_info()["kind"]]
     grid = replace(GRIDS[grid_name], **overrides)
     out = Path(args.out) if args.out else None
     t0 = time.perf_counter()

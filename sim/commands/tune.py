@@ -100,7 +100,7 @@ def _run(args: argparse.Namespace, out: Path, host: dict) -> int:
     import time
 
     from calibrate.calibration import calibrate
-    from calibrate.measure.grid import GRIDS
+    from calibrate.measure.grid import QUICK_FOR
     from calibrate.profiles import default_profile_path
     from sim.commands import calibrate_cmd
     from sim.cost.fields import ProfileError
@@ -143,7 +143,8 @@ def _run(args: argparse.Namespace, out: Path, host: dict) -> int:
             made = calibrate_mlx_lm(args.model, MLX_GRIDS["quick"], profile, overwrite=True, any_mlx_lm=args.any_mlx_lm,
                                     dtype=dtype, quant_bits=args.quant_bits)
         else:
-            made = calibrate(args.model, GRIDS["quick"], profile, overwrite=True, dtype=dtype, quant_bits=args.quant_bits)
+            made = calibrate(args.model, QUICK_FOR[host["kind"]], profile, overwrite=True, dtype=dtype,
+                             quant_bits=args.quant_bits)
         calibrate_cmd.report(made, "quick", time.perf_counter() - t0)
     prof = load_profile(profile)
     for w in check_profile_matches(prof, args.model):

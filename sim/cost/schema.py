@@ -72,7 +72,7 @@ def check_profile(prof: dict, path) -> None:
     device = obj(w, prof["device"], "device")
     for key in ("id", "name", "kind"):
         text(w, device, key, f"device.{key}")
-    if device.get("memory_limit_bytes") is not None:  # MLX's memory limit there (`sim.engine.memory.device_kv_tokens`)
+    if device.get("memory_limit_bytes") is not None:  # the engine's memory there (`sim.engine.memory.device_kv_tokens`)
         whole(w, device["memory_limit_bytes"], "device.memory_limit_bytes", 1)
     if "illustrative" in prof and not isinstance(prof["illustrative"], bool):
         raise w.fail("illustrative", "must be true or false")

@@ -205,8 +205,9 @@ DEVICE_SHARE = 0.9  # of MLX's memory limit, for weights and cache together (vLL
 
 
 def device_kv_tokens(prof: Mapping) -> int | None:
-    """Tokens of KV cache the profile's device holds: 0.9 of MLX's memory limit there
-    (`mx.get_memory_limit()`, which the calibration records as `device.memory_limit_bytes`) less
+    """Tokens of KV cache the profile's device holds: 0.9 of the engine's memory there (MLX's
+    limit, or Metal's recommended working set where the device reports one: what the calibration
+    records as `device.memory_limit_bytes`, `calibrate.host.machine.device_memory`) less
     the weights (the memory model's), over the model's bytes per KV token; the other tenth is left
     to each call's temporaries and the allocator. None where the profile lacks any of them (the
     built-in profile, and profiles from before): then no device limit."""
