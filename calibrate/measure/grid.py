@@ -199,8 +199,18 @@ MLX_QUICK = MlxLmGrid(prompts=[[16], [32], [64], [128], [256], [16, 16], [64, 64
                       firsts=[[1, 100], [2, 300], [4, 100], [3, 600]],
                       merges=[[2, 300, 1, 100], [4, 600, 2, 200], [1, 100, 3, 500], [6, 400, 1, 400]], repeats=3,
                       warmup=1)
+# A GPU's: what `pdsim tune --engine mlx-lm` sweeps there (32 prompts of 64-2,048 tokens, up to 256
+# outputs; prefill steps to 2,048, up to 8 prompts and 32 generations at a time): prompt calls to
+# 8 x 2,048 row-tokens, generation batches to 32, contexts to 2,400.
+MLX_QUICK_GPU = MlxLmGrid(prompts=[[16], [64], [128], [256], [512], [1024], [2048], [128] * 2, [512] * 2, [1024] * 2,
+                                   [2048] * 2, [256] * 4, [512] * 4, [2048] * 4, [128] * 8, [512] * 8, [2048] * 8,
+                                   [300, 200, 50], [1500, 900, 40, 700], *([n] for n in spread(3, 2000, 6))],
+                          offsets=[0, 1024], batches=[1, 2, 4, 8, 12, 16, 24, 32], contexts=[256, 1024, 2400],
+                          firsts=[[1, 256], [4, 1024], [8, 2048]],
+                          merges=[[4, 1000, 1, 500], [16, 2000, 4, 1000], [1, 200, 8, 2000]], repeats=3, warmup=1)
 # For qwen3-tiny in tests: the same structure, small and fast.
 MLX_TINY = MlxLmGrid(prompts=[[8], [32], [8, 8], [16, 16, 16], [16, 4], [30, 8, 3]], offsets=[0, 40],
                      batches=[1, 2, 3, 4], contexts=[20, 70], firsts=[[1, 20], [3, 50]],
                      merges=[[2, 30, 1, 10], [1, 10, 2, 60]], repeats=3, warmup=1)
-MLX_GRIDS = {"quick": MLX_QUICK, "quick-gpu": MLX_QUICK, "full": MLX_QUICK, "tiny": MLX_TINY}
+MLX_GRIDS = {"quick": MLX_QUICK, "quick-gpu": MLX_QUICK_GPU, "full": MLX_QUICK, "tiny": MLX_TINY}
+MLX_QUICK_FOR = {"cpu": MLX_QUICK, "gpu": MLX_QUICK_GPU}

@@ -101,11 +101,11 @@ def run(args: argparse.Namespace) -> int:
         report(prof, "with added rounds", time.perf_counter() - t0)
         return 0
     grid_name = args.grid or ("quick" if args.quick else "full")
-    if args.engine == "mlx-lm":
-        return run_mlx_lm(args, grid_name, overrides)
     if grid_name == "quick":  # the device kind's own (a GPU's covers what tune sweeps there)
         from calibrate.host.machine import host_info
         grid_name = {"cpu": "quick", "gpu": "quick-gpu"}[host_info()["kind"]]
+    if args.engine == "mlx-lm":
+        return run_mlx_lm(args, grid_name, overrides)
     grid = replace(GRIDS[grid_name], **overrides)
     out = Path(args.out) if args.out else None
     t0 = time.perf_counter()

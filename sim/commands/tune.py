@@ -16,11 +16,14 @@ NEEDS_MLX = True
 TUNE_NAMES = ("trace.jsonl", "sweep", "capacity", "confirm.json", "confirm.json.runs", "report")  # what a tune owns
 
 # --engine mlx-lm: a server's traffic (Poisson arrivals, prompts longer than the smaller steps) and
-# mlx_lm.server's three flags as the grid; the confirm baseline is the server's defaults.
+# mlx_lm.server's three flags as the grid, inside the device kind's quick grid
+# (`calibrate.measure.grid.MLX_QUICK_FOR`: on a CPU prompt calls to 642 row-tokens and generation
+# batches to 8, so at most 2 prompts and 6 generations at a time; tests/test_presets_in_grid.py).
+# The confirm baseline is the server's defaults, which reach beyond a CPU's grid: measured, not picked.
 MLX_LM_PRESETS = {
     "cpu": {"trace": {"num_requests": 10, "rate": 0.4, "min_in": 32, "max_in": 256, "min_out": 8, "max_out": 16},
-            "grid": {"prefill_step": [32, 64, 128, 512, 2048], "prompt_concurrency": [1, 2, 4, 8],
-                     "decode_concurrency": [4, 8, 32]},
+            "grid": {"prefill_step": [32, 64, 128, 512, 2048], "prompt_concurrency": [1, 2],
+                     "decode_concurrency": [2, 4, 6]},
             "scale": "10 Poisson arrivals at 0.4/s, prompts 32..256, 8..16 outputs"},
     "gpu": {"trace": {"num_requests": 32, "rate": 2, "min_in": 64, "max_in": 2048, "min_out": 32, "max_out": 256},
             "grid": {"prefill_step": [128, 256, 512, 1024, 2048], "prompt_concurrency": [1, 2, 4, 8],
@@ -138,9 +141,9 @@ def _run(args: argparse.Namespace, out: Path, host: dict) -> int:
     if not reuse:
         t0 = time.perf_counter()
         if args.engine == "mlx-lm":
-            from calibrate.measure.grid import MLX_GRIDS
+            from calibrate.measure.grid import MLX_QUICK_FOR
             from calibrate.mlxlm_calibration import calibrate_mlx_lm
-            made = calibrate_mlx_lm(args.model, MLX_GRIDS["quick"], profile, overwrite=True, any_mlx_lm=args.any_mlx_lm,
+            made = calibrate_mlx_lm(args.model, MLX_QUICK_FOR[host["kind"]], profile, overwrite=True, any_mlx_lm=args.any_mlx_lm,
                                     dtype=dtype, quant_bits=args.quant_bits)
         else:
             made = calibrate(args.model, QUICK_FOR[host["kind"]], profile, overwrite=True, dtype=dtype,
@@ -210,8 +213,8 @@ def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
 def mlx_lm_default_slo(cost, smallest_step: int) -> str:
     """Tokens may wait at most two generation steps of a full batch (4 requests, 128 context) and
     one prompt call of the grid's smallest prefill step. While a prompt waits, every `next()` of
-    BatchGenerator runs a step and a prompt call, so a target of two steps alone rules out all 60
-    settings for qwen3-0.6b on a 2-core CPU: the smallest step's p95 gap is 640 ms, two steps 580."""
+    BatchGenerator runs a step and a prompt call, so a target of two steps alone rules out every
+    setting for qwen3-0.6b on a 2-core CPU: the smallest step's p95 gap is 640 ms, two steps 580."""
     from sim.metrics.registry import DEFAULT_LATENCY
     step = cost.mlx_lm_call("generate", 1, 0, [128] * 4, 0, 0)
     prompt = cost.mlx_lm_call("prompt", smallest_step, 0, [0], 0, 0)
