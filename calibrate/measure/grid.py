@@ -101,9 +101,9 @@ def key_of(p: dict) -> str:
 # 256, so their five runs take about four minutes.
 # Two rounds, and no chunk of 512 or chunks of 128 after a prefix, to stay within ten minutes here:
 # a round costs about 105 s, and a quick calibration 469-479 s (four rounds with those three points
-# take 697-716 s with four engine runs); with its untimed warm-up round (97 s), 555 s. Fewer timings lose little: over ten calibrations a point's
-# median of three is within a median 1-3% (p90 3-6%) of its median of four, inside the 5% of repeat
-# noise. Refitted from each point's first two timings, 66 confirmed settings held as many targets
+# take 697-716 s with four engine runs); with its untimed warm-up round (97 s), 555 s. Fewer
+# timings lose little: over ten calibrations a point's median of three is within a median 1-3%
+# (p90 3-6%) of its median of four, inside the 5% of repeat noise. Refitted from each point's first two timings, 66 confirmed settings held as many targets
 # as from its first three: the six 44 against 43, the tails 34 against 33, all three 24 against 24.
 # Refitted without the three points, 54 held about as many: the six 41 -> 38, the tails 30 -> 31,
 # all three 22 -> 22.
