@@ -137,7 +137,8 @@ TINY = Grid(chunks=[4, 8, 16, 32], offsets=[0, 16, 48], batches=[1, 2, 3, 4], co
             fused=[[b, c, n, p] for b, c in ((0, 0), (1, 20), (3, 40)) for n, p in ((0, 0), (5, 0), (13, 9), (30, 0))
                    if b or n])
 GRIDS = {"quick": QUICK, "quick-gpu": QUICK_GPU, "full": FULL, "tiny": TINY}
-QUICK_FOR = {"cpu": QUICK, "gpu": QUICK_GPU}  # the quick grid of each device kind (`--quick`, `pdsim tune`)
+QUICK_NAME = {"cpu": "quick", "gpu": "quick-gpu"}  # each device kind's quick grid (`--quick`, `pdsim tune`)
+QUICK_FOR = {kind: GRIDS[name] for kind, name in QUICK_NAME.items()}
 
 
 @dataclass
@@ -213,4 +214,4 @@ MLX_TINY = MlxLmGrid(prompts=[[8], [32], [8, 8], [16, 16, 16], [16, 4], [30, 8, 
                      batches=[1, 2, 3, 4], contexts=[20, 70], firsts=[[1, 20], [3, 50]],
                      merges=[[2, 30, 1, 10], [1, 10, 2, 60]], repeats=3, warmup=1)
 MLX_GRIDS = {"quick": MLX_QUICK, "quick-gpu": MLX_QUICK_GPU, "full": MLX_QUICK, "tiny": MLX_TINY}
-MLX_QUICK_FOR = {"cpu": MLX_QUICK, "gpu": MLX_QUICK_GPU}
+MLX_QUICK_FOR = {kind: MLX_GRIDS[name] for kind, name in QUICK_NAME.items()}

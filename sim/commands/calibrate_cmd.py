@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from calibrate.calibration import add_rounds, calibrate, from_runs, refit
-    from calibrate.measure.grid import GRIDS
+    from calibrate.measure.grid import GRIDS, QUICK_NAME
     sources = [args.refit, args.add_rounds, *(args.from_runs or [])]
     if args.out:  # before any work: an existing profile, an input, a folder that cannot be written
         check_output(args.out, args.overwrite, sources, what="profile")
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     grid_name = args.grid or ("quick" if args.quick else "full")
     if grid_name == "quick":  # the device kind's own (a GPU's covers what tune sweeps there)
         from calibrate.host.machine import host_info
-        grid_name = {"cpu": "quick", "gpu": "quick-gpu"}[host_info()["kind"]]
+        grid_name = QUICK_NAME[host_info()["kind"]]
     if args.engine == "mlx-lm":
         return run_mlx_lm(args, grid_name, overrides)
     grid = replace(GRIDS[grid_name], **overrides)
