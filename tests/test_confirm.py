@@ -93,6 +93,25 @@ def test_confirm_end_to_end(profile, tmp_path):
     assert new["rescored_from"] == str(out) and new["runs"] == rep["runs"]
     assert [r["predicted"] for r in new["results"]] == [r["predicted"] for r in rep["results"]]
     assert [r["calls"] for r in new["results"]] == [r["calls"] for r in rep["results"]]
+    # --slo: each constraint's metric scored too, and whether it holds, predicted and measured
+    checked = tmp_path / "slo.json"
+    code, stdout, err = pdsim("confirm", "--profile", str(profile), "--rescore", str(out), "--slo",
+                              "p99_ttft_ms<=1e9", "decode_gap_p95_ms<=1e-6", "-o", str(checked))
+    assert code == 0, err
+    slo = json.loads(checked.read_text())
+    assert slo["slo"] == ["p99_ttft_ms<=1e+09", "decode_gap_p95_ms<=1e-06"]
+    for res in slo["results"]:
+        runs = [r for r in rep["runs"] if r["label"] == res["label"]]
+        assert res["measured"]["p99_ttft_ms"]["median"] == pytest.approx(
+            statistics.median(r["metrics"]["p99_ttft_ms"] for r in runs))
+        assert [(v["holds_predicted"], v["holds_measured"], v["as_predicted"]) for v in res["slo"]] == \
+            [(True, True, True), (False, False, True)]
+        assert res["slo"][1]["measured"] == res["measured"]["decode_gap_p95_ms"]["median"]
+    assert stdout.count("SLO p99_ttft_ms<=1e+09: predicted") == len(rep["results"])
+    for bad, says in ((["p99_ttft_sec<=3"], "unknown metric"), (["ttft:2000"], "METRIC<=X")):
+        code, _, err = pdsim("confirm", "--profile", str(profile), "--rescore", str(out), "--slo", *bad,
+                             "-o", str(tmp_path / "bad.json"))
+        assert code == 2 and says in err and err.count("\n") == 1 and not (tmp_path / "bad.json").exists(), err
     # predicted with the profile's call noise: the median over seeded replays, inside their range
     assert rep["prediction"]["replicas"] == REPLICAS and rep["prediction"]["noise"]["calls"] >= MIN_CALLS
     for res in rep["results"]:
@@ -222,6 +241,17 @@ def test_tune_runs_the_whole_loop(profile, tmp_path):
     assert report["trace"]["meta"].get("rate_scale") == capacity["settings"][0]["capacity_scale"]
     assert (out / "report" / "report.html").stat().st_size > 10_000
     assert report["results"][0]["calls"]
+    # the confirm checks the SLOs the capacity was found under, predicted and measured
+    assert report["slo"] == capacity["slo"] and [v["slo"] for v in report["results"][0]["slo"]] == capacity["slo"]
+    # and says how to see them break above it: that confirm runs as printed
+    above = stdout.split("1.3x it):\n")[1].split("\n")[0].split()
+    assert above[:2] == ["pdsim", "confirm"] and "--slo" in above
+    code, printed, err = pdsim(*above[1:], "--repeats", "1")
+    assert code == 0, err
+    fast = json.loads((out / "confirm-above.json").read_text())
+    at, above = ([r["arrival"] for r in doc["trace"]["requests"]] for doc in (report, fast))
+    assert above == pytest.approx([a / 1.3 for a in at], rel=1e-5)
+    assert fast["results"][0]["label"] == best and fast["slo"] == capacity["slo"]
     assert "Per-call predicted/measured" in (out / "report" / "report.html").read_text()
     code, _, err = pdsim("tune", "--model", "qwen3-99b", "-o", str(tmp_path / "t2"))
     assert code == 2 and "unknown model" in err and not (tmp_path / "t2").exists()

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 import policies
 from calibrate.confirm.runs import RunsFolder, finished_run, model_spec, runs_manifest
-from calibrate.confirm.score import compare
+from calibrate.confirm.score import compare, slo_constraints
 from calibrate.engine.executor import prompt_tokens
 from calibrate.engine.gate import chunked_logits_match, mixed_logits_match, tolerance
 from calibrate.engine.model import build_as_profiled
@@ -149,7 +149,11 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
 
 def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: int = 4, warmup: int = 1,
             cooldown: float = 0.0, force: bool = False, stall_ms: float = 100.0, engine: str = "pdsim",
-            any_mlx_lm: bool = False, replicas: int = REPLICAS, warmup_with: str = "trace") -> dict:
+            any_mlx_lm: bool = False, replicas: int = REPLICAS, warmup_with: str = "trace",
+            slo: tuple[str, ...] = ()) -> dict:
+    """Run `settings` on the real engine (`repeats` fresh processes each) and score them against the
+    prediction (`calibrate.confirm.score.compare`; `slo`: constraints checked in both); the report."""
+    slo = tuple(str(c) for c in slo_constraints(slo))  # before any work, as the verdicts name them
     host = host_info()
     for w in check_inputs(prof, trace, out, host, force, settings, engine, any_mlx_lm):
         print(f"warning: {w}")
@@ -157,17 +161,18 @@ def confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: 
     manifest = runs_manifest(prof, trace, settings, repeats, warmup, cooldown, warmup_with) | {"engine": engine}
     with RunsFolder(runs_dir, manifest):  # before any work
         return _confirm(prof, trace, settings, out, repeats, warmup, cooldown, stall_ms, host, runs_dir, engine,
-                        replicas, warmup_with)
+                        replicas, warmup_with, slo)
 
 
 def _confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats: int, warmup: int, cooldown: float,
-             stall_ms: float, host: dict, runs_dir: Path, engine: str, replicas: int, warmup_with: str) -> dict:
+             stall_ms: float, host: dict, runs_dir: Path, engine: str, replicas: int, warmup_with: str,
+             slo: tuple[str, ...]) -> dict:
     t0 = time.perf_counter()
     g = gate(prof, trace, settings, engine)
     if not g["ok"]:
         raise UserError(f"correctness gate failed: {json.dumps(g)}")
     runs = run_all(prof, trace, settings, repeats, warmup, cooldown, runs_dir, engine, warmup_with)
-    results = compare(prof, trace, settings, runs, stall_ms, replicas, warmup, warmup_with)
+    results = compare(prof, trace, settings, runs, stall_ms, replicas, warmup, warmup_with, slo)
     first = {}
     for r in runs:  # every run of every setting must produce the same greedy tokens
         first.setdefault("outputs", r["outputs"])
@@ -186,6 +191,7 @@ def _confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats:
                      "fresh_process": True,
                      "order": [[r["repeat"], r["label"]] for r in runs]},
         "gate": g,
+        **({"slo": list(slo)} if slo else {}),
         "results": results,
         "runs": [{k: r[k] for k in ("label", "repeat", "setting", "metrics", "log", "outputs", "wall_s", "idle_s",
                                     "engine", "check", "probe") if k in r} for r in runs],
@@ -237,11 +243,13 @@ def profile_summary(prof: dict) -> dict:
 
 
 def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source: str | None = None,
-            replicas: int = REPLICAS) -> dict:
+            replicas: int = REPLICAS, slo: tuple[str, ...] | None = None) -> dict:
     """The same measured runs, predicted again with `prof` (e.g. after a refit); nothing re-run.
 
-    The new report keeps every measurement and says which report and profile it came from.
+    The new report keeps every measurement and says which report and profile it came from; `slo`
+    (default: the report's own) the constraints checked.
     """
+    slo = tuple(str(c) for c in slo_constraints(report.get("slo", ()) if slo is None else slo))
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists; not overwriting it (choose another report path)")
     check_output(out, overwrite=True, inputs=[source], what="report")
@@ -253,10 +261,10 @@ def rescore(report: dict, prof: dict, out: Path, stall_ms: float = 100.0, source
     try:
         runs = [dict(r, label=setting_label(r["setting"])) for r in report["runs"]]  # labels by today's rules
         settings = [setting(s) for s in report["settings"]]
-        results = compare(prof, trace, settings, runs, stall_ms, replicas, *warmed_with(report))
+        results = compare(prof, trace, settings, runs, stall_ms, replicas, *warmed_with(report), slo)
     except (KeyError, TypeError, ValueError, IndexError, EngineError) as e:  # a damaged run in a well-formed report
         raise UserError(f"{where}: its runs cannot be replayed ({type(e).__name__}: {e})") from None
     new = dict(report, profile=profile_summary(prof), prediction=prediction_summary(prof, replicas),
-               rescored_from=source, runs=runs, results=results)
+               rescored_from=source, runs=runs, results=results, **({"slo": list(slo)} if slo else {}))
     atomic_write_json(out, new)
     return new

@@ -31,11 +31,13 @@ from sim.metrics.registry import CONFIRMED, CONFIRMED_KV
 from sim.metrics.residuals import call_ratios, residual_table
 from sim.metrics.scoring import CLASS_CONFIRMED, log_class_metrics, score
 from sim.predict import REPLICAS, classes_of, metrics_of, replays
+from sim.sweep.pick import OPS, Constraint, Objective, PickError, check_names, split_slo
 from traces.trace import Trace
 
 
 def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], stall_ms: float = 100.0,
-            replicas: int = REPLICAS, warmup: int = 1, warmup_with: str = "short") -> list[dict]:
+            replicas: int = REPLICAS, warmup: int = 1, warmup_with: str = "short",
+            slo: tuple[str, ...] = ()) -> list[dict]:
     """Predicted (simulator; with the profile's call noise, the median and range over `replicas`
     replays, `sim.predict`) against measured (median, min, max over repeats), per setting and
     metric; and per call kind (and size bucket), predicted/measured over the setting's runs; and
@@ -48,7 +50,9 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
     (`predicted_at`; decodes then faster, where pdsim's probes read them), and the
     one at the calibration's speed is kept beside it (`at_calibration_speed`): how much of a miss
     the machine's drift made. `warmup`, `warmup_with`: what each run's process served untimed
-    first (`calibrate.measure.worker.warmup_of`); the prediction serves it too."""
+    first (`calibrate.measure.worker.warmup_of`); the prediction serves it too. `slo`: constraints
+    (`METRIC<=X`) whose metrics are scored too, and whether each holds, predicted and measured."""
+    constraints = slo_constraints(slo)
     cost, noise = cost_model(prof), CallNoise.from_json(prof.get("fit", {}).get("noise"))
     reference, results = reference_probes(prof), []
     page = page_price(runs, prof.get("fit", {}).get("page_fault_s"))
@@ -76,7 +80,8 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)
         measured, errors, errors_at_calibration = {}, {}, {}
-        for k in CONFIRMED + (CONFIRMED_KV if s.get("kv_limit") is not None else ()):
+        kv = CONFIRMED_KV if s.get("kv_limit") is not None else ()
+        for k in dict.fromkeys(CONFIRMED + kv + tuple(c.metric for c in constraints)):
             vals = [r["metrics"].get(k, math.nan) for r in mine]
             vals = [v for v in vals if not math.isnan(v)]
             if not vals or math.isnan(predicted.get(k, math.nan)):
@@ -99,8 +104,31 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
                                       for r, log in zip(mine, logs)],
                         "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False),
                         "paths": jsonable(paths_of(logs, [r["repeat"] for r in mine], predictions, typical)),
+                        **({"slo": slo_verdicts(constraints, predicted, measured)} if constraints else {}),
                         **compare_classes(trace, classes_of(trace, predictions), logs)})
     return results
+
+
+def slo_constraints(slo: tuple[str, ...] | list[str]) -> list[Constraint]:
+    """`METRIC<=X` constraints a confirm checks (`pdsim confirm --slo`), each on a known metric; a
+    per-request goodput target (`ttft:2000`) is refused: a confirm scores metrics, not requests."""
+    goodput, constraints = split_slo(list(slo))
+    if goodput:
+        raise PickError(f"--slo {goodput[0]}: a confirm checks METRIC<=X constraints (e.g. p99_ttft_ms<=2000)")
+    check_names(constraints, Objective(), None, False, columns=())
+    return constraints
+
+
+def slo_verdicts(constraints: list[Constraint], predicted: dict, measured: dict) -> list[dict]:
+    """Each constraint's metric predicted and measured (median over runs), and whether it holds in each:
+    the capacity question asked of the real engine (`pdsim capacity`, then a confirm at its rate)."""
+    rows = []
+    for c in constraints:
+        p, m = predicted.get(c.metric), measured.get(c.metric, {}).get("median")
+        holds = lambda v: v is not None and math.isfinite(v) and bool(OPS[c.op](v, c.bound))
+        rows.append({"slo": str(c), "predicted": p, "measured": m, "holds_predicted": holds(p),
+                     "holds_measured": holds(m), "as_predicted": holds(p) == holds(m)})
+    return rows
 
 
 def probed_speed(run: dict, cost: CostModel, reference: list[dict] = ()) -> dict | None:

@@ -48,6 +48,10 @@ def add_parser(sub) -> None:
     p.add_argument("--stall-ms", type=positive_float, default=100.0)
     p.add_argument("--tolerance", type=positive_float,
                    help="exit 1 if any |relative error| exceeds this (e.g. 0.1)")
+    p.add_argument("--slo", nargs="+", metavar="CONSTRAINT", default=None,
+                   help="METRIC<=X (or >=) to check, predicted and measured, e.g. p99_ttft_ms<=2000 "
+                        "decode_gap_p95_ms<=150: does a setting hold its SLOs at this rate, as `pdsim capacity` "
+                        "predicted? (with --rescore: instead of the report's own)")
     p.add_argument("--rescore", metavar="REPORT",
                    help="measure nothing: predict the runs of an existing confirm report again with --profile "
                         "(e.g. after `pdsim calibrate --refit`) and write a new report")
@@ -64,11 +68,11 @@ def run(args: argparse.Namespace) -> int:
     prof = load_profile(args.profile)
     if args.rescore:
         report = rescore(read_json_object(args.rescore, "confirm report"), prof, Path(args.out), args.stall_ms,
-                         args.rescore, args.replicas)
+                         args.rescore, args.replicas, args.slo)
     else:
         report = confirm(prof, trace_from_args(args), settings_from_args(args), Path(args.out), args.repeats,
                          args.warmup, args.cooldown, args.force, args.stall_ms, args.engine, args.any_mlx_lm,
-                         args.replicas, args.warmup_with)
+                         args.replicas, args.warmup_with, tuple(args.slo or ()))
     return print_report(report, args.out, args.tolerance)
 
 
@@ -105,6 +109,10 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
         print(f"\n{res['label']}  ({report['protocol']['repeats']} runs)")
         print(table(rows, cols, ["metric", "predicted", "replays min..max", "measured (median)", "min..max",
                                  "rel. error", "at calib. speed"][:len(cols)]))
+        for v in res.get("slo", ()):
+            print(f"SLO {v['slo']}: predicted {fmt(v['predicted'])} ({_held(v['holds_predicted'])}), measured "
+                  f"{fmt(v['measured'])} ({_held(v['holds_measured'])})"
+                  + ("" if v["as_predicted"] else ": not as predicted"))
         if speed:
             runs = [p for p in res["machine_speed"]["runs"] if p.get("prefill")]
             method = runs[0].get("method", "priced") if runs else "priced"
@@ -159,6 +167,10 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
         print(f"largest |relative error| {worst:.1%} exceeds --tolerance {tolerance:.1%}")
         return 1
     return 0
+
+
+def _held(ok: bool) -> str:
+    return "holds" if ok else "broken"
 
 
 def _signed(err: float | None) -> str:

@@ -169,6 +169,7 @@ def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
     from sim.commands import confirm as confirm_cmd
     from sim.commands import report as report_cmd
     from sim.commands import sweep as sweep_cmd
+    from sim.commands.tune_capacity import constraints_of
     from sim.cost.profile import cost_model
     from sim.report import make_report
     from sim.sweep.pick import Objective
@@ -198,7 +199,8 @@ def tune_mlx_lm(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
     chosen = [pick] + ([server] if pick != server else [])
     print(f"\n[3/4] confirm the pick {best['label']} against mlx_lm.server's defaults on mlx-lm's BatchGenerator")
     report_path = out / "confirm.json"
-    report = confirm(prof, trace, chosen, report_path, args.repeats, engine="mlx-lm", any_mlx_lm=args.any_mlx_lm)
+    report = confirm(prof, trace, chosen, report_path, args.repeats, engine="mlx-lm", any_mlx_lm=args.any_mlx_lm,
+                     slo=constraints_of(slo))
     if code := confirm_cmd.print_report(report, str(report_path), None):
         return code
     print("\n[4/4] report")

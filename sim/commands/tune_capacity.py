@@ -16,7 +16,7 @@ from sim.sweep.capacity import DEFAULT_RANGE
 # Traffic per device kind: a gamma stream (burstiness 1/2) whose rate the search scales, at first
 # the rate one request at a time would serve (`base_rate`): the search's range then brackets it.
 TRAFFIC = {
-    "cpu": {"num_requests": 40, "burstiness": 0.5, "min_in": 16, "max_in": 128, "min_out": 8, "max_out": 16, "seed": 7},
+    "cpu": {"num_requests": 24, "burstiness": 0.5, "min_in": 16, "max_in": 128, "min_out": 8, "max_out": 16, "seed": 7},
     "gpu": {"num_requests": 200, "burstiness": 0.5, "min_in": 64, "max_in": 1024, "min_out": 32, "max_out": 256,
             "seed": 7},
 }
@@ -53,6 +53,20 @@ def settings_for(engine: str, kind: str) -> list[dict]:
         g = VLLM_GRID[kind]
         return grid_settings(["vllm"], max_num_batched_tokens=g["max_num_batched_tokens"], max_num_seqs=g["max_num_seqs"])
     return grid_settings(["fifo", "eager", "chunked"], BUDGETS[kind], [BATCH_SIZE])
+
+
+def constraints_of(slo: list[str]) -> tuple[str, ...]:
+    """The `METRIC<=X` items of `--slo`, which the confirm checks on the real engine (a per-request
+    goodput target, `ttft:2000`, is the sweep's alone)."""
+    from sim.sweep.pick import split_slo
+    return tuple(str(c) for c in split_slo(slo)[1])
+
+
+def above_command(pick: dict, best: dict, slo: list[str], profile: Path, out: Path) -> str:
+    """The confirm of the pick at 1.3x its capacity (the trace tune saved, sped up), checking the SLOs."""
+    options = ",".join(f"{k}={v}" for k, v in pick.items() if k != "policy")
+    return (f"pdsim confirm --profile {profile} --trace {out / 'trace.jsonl'} --speed {best['capacity_scale'] * 1.3:.6g} "
+            f"--setting {pick['policy']}:{options} --slo {' '.join(constraints_of(slo))} -o {out / 'confirm-above.json'}")
 
 
 def tune_capacity(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
@@ -107,12 +121,13 @@ def tune_capacity(args, prof: dict, profile: Path, out: Path, host: dict) -> int
     print(f"\n[3/4] confirm {setting_label(pick)}" + (" and eager" if len(chosen) > 1 else "")
           + f" on the real engine at the pick's capacity, {best['capacity_req_s']:.3g} requests/s")
     report_path = out / "confirm.json"
-    report = confirm(prof, at, chosen, report_path, args.repeats)
+    report = confirm(prof, at, chosen, report_path, args.repeats, slo=constraints_of(slo))
     if code := confirm_cmd.print_report(report, str(report_path), None):
         return code
     print("\n[4/4] report")
     doc = make_report(out / "report", None, report_path, profile, capacity_dir=out / "capacity")
     report_cmd.print_written(doc, out / "report")
+    print(f"\nto see the SLOs break above the pick's capacity (1.3x it):\n  {above_command(pick, best, slo, profile, out)}")
     if args.engine == "vllm":
         print(f"\nserve it with: vllm serve MODEL {server_flags(pick)}")
     return 0
