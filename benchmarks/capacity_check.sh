@@ -16,9 +16,9 @@ export CI=true PATH=/usr/bin:/bin
 echo "tune $(date)"
 /usr/bin/time -f "%e s" bash -c 'bash .ci/install && .venv/bin/pdsim tune' > "$OUT/tune.log" 2>&1
 echo "tune rc=$? $(date)"
-above=$(grep -A1 "1.3x it):" "$OUT/tune.log" | tail -1)
+above=$(grep -A1 "1.3x it):" "$OUT/tune.log" | tail -1 | sed 's/^ *//')
 [ -n "$above" ] || { echo "tune printed no confirm above capacity"; exit 1; }
-/usr/bin/time -f "%e s" .venv/bin/$above --repeats 3 > "$OUT/above.log" 2>&1
+eval "/usr/bin/time -f '%e s' .venv/bin/$above --repeats 3" > "$OUT/above.log" 2>&1  # the command as printed, quotes and all
 echo "above rc=$? $(date)"
 .venv/bin/python - runs/tune-*/confirm.json runs/tune-*/confirm-above.json <<'PY'
 import json, math, sys

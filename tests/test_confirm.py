@@ -1,6 +1,7 @@
 """`pdsim confirm` end to end on qwen3-tiny: the gate, the protocol, the report, the arithmetic."""
 import json
 import math
+import shlex
 import statistics
 import subprocess
 import sys
@@ -244,7 +245,7 @@ def test_tune_runs_the_whole_loop(profile, tmp_path):
     # the confirm checks the SLOs the capacity was found under, predicted and measured
     assert report["slo"] == capacity["slo"] and [v["slo"] for v in report["results"][0]["slo"]] == capacity["slo"]
     # and says how to see them break above it: that confirm runs as printed
-    above = stdout.split("1.3x it):\n")[1].split("\n")[0].split()
+    above = shlex.split(stdout.split("1.3x it):\n")[1].split("\n")[0])  # as a shell reads it: SLOs quoted
     assert above[:2] == ["pdsim", "confirm"] and "--slo" in above
     code, printed, err = pdsim(*above[1:], "--repeats", "1")
     assert code == 0, err

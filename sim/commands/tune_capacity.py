@@ -64,9 +64,11 @@ def constraints_of(slo: list[str]) -> tuple[str, ...]:
 
 def above_command(pick: dict, best: dict, slo: list[str], profile: Path, out: Path) -> str:
     """The confirm of the pick at 1.3x its capacity (the trace tune saved, sped up), checking the SLOs."""
+    import shlex
     options = ",".join(f"{k}={v}" for k, v in pick.items() if k != "policy")
-    return (f"pdsim confirm --profile {profile} --trace {out / 'trace.jsonl'} --speed {best['capacity_scale'] * 1.3:.6g} "
-            f"--setting {pick['policy']}:{options} --slo {' '.join(constraints_of(slo))} -o {out / 'confirm-above.json'}")
+    return shlex.join(["pdsim", "confirm", "--profile", str(profile), "--trace", str(out / "trace.jsonl"),
+                       "--speed", f"{best['capacity_scale'] * 1.3:.6g}", "--setting", f"{pick['policy']}:{options}",
+                       "--slo", *constraints_of(slo), "-o", str(out / "confirm-above.json")])
 
 
 def tune_capacity(args, prof: dict, profile: Path, out: Path, host: dict) -> int:
