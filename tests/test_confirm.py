@@ -262,6 +262,24 @@ def test_tune_runs_the_whole_loop(profile, tmp_path):
         assert code == 2 and "is of float32 weights" in err and asked in err and err.count("\n") == 1, err
 
 
+def test_the_confirm_tune_prints_runs_any_pick(tmp_path):
+    """Whatever tune picks (fifo's budget is None), the confirm it prints parses back to that setting."""
+    from policies.settings import setting
+    from sim.cli import build_parser
+    from sim.commands.common import settings_from_args
+    from sim.commands.tune_capacity import above_command, settings_for
+    parser = build_parser()
+    for engine in ("pdsim", "vllm"):
+        for kind in ("cpu", "gpu"):
+            for s in settings_for(engine, kind):
+                pick = setting(s)
+                words = shlex.split(above_command(pick, {"capacity_scale": 0.5}, ["decode_gap_p95_ms<=100"],
+                                                  tmp_path / "p.json", tmp_path))
+                args = parser.parse_args(words[1:])
+                assert [setting(x) for x in settings_from_args(args)] == [pick]
+                assert args.speed == pytest.approx(0.65) and args.slo == ["decode_gap_p95_ms<=100"]
+
+
 def test_tune_names_a_profile_for_each_precision():
     """The profile `pdsim tune` caches: one per model, device kind, engine and precision, the
     device's default precision unnamed (float32 on a CPU, bfloat16 on a GPU)."""

@@ -65,7 +65,7 @@ def constraints_of(slo: list[str]) -> tuple[str, ...]:
 def above_command(pick: dict, best: dict, slo: list[str], profile: Path, out: Path) -> str:
     """The confirm of the pick at 1.3x its capacity (the trace tune saved, sped up), checking the SLOs."""
     import shlex
-    options = ",".join(f"{k}={v}" for k, v in pick.items() if k != "policy")
+    options = ",".join(f"{k}={v}" for k, v in pick.items() if k != "policy" and v is not None)
     return shlex.join(["pdsim", "confirm", "--profile", str(profile), "--trace", str(out / "trace.jsonl"),
                        "--speed", f"{best['capacity_scale'] * 1.3:.6g}", "--setting", f"{pick['policy']}:{options}",
                        "--slo", *constraints_of(slo), "-o", str(out / "confirm-above.json")])
