@@ -124,7 +124,8 @@ def slo_verdicts(constraints: list[Constraint], predicted: dict, measured: dict)
     the capacity question asked of the real engine (`pdsim capacity`, then a confirm at its rate)."""
     rows = []
     for c in constraints:
-        p, m = predicted.get(c.metric), measured.get(c.metric, {}).get("median")
+        m = measured.get(c.metric, {}).get("median")
+        p = predicted[c.metric] if m is not None else None  # a metric a run cannot score: neither (strict JSON)
         holds = lambda v: v is not None and math.isfinite(v) and bool(OPS[c.op](v, c.bound))
         rows.append({"slo": str(c), "predicted": p, "measured": m, "holds_predicted": holds(p),
                      "holds_measured": holds(m), "as_predicted": holds(p) == holds(m)})
