@@ -9,6 +9,7 @@ user's own `--slo` replaces them.
 """
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from sim.sweep.capacity import DEFAULT_RANGE
@@ -64,7 +65,6 @@ def constraints_of(slo: list[str]) -> tuple[str, ...]:
 
 def above_command(pick: dict, best: dict, slo: list[str], profile: Path, out: Path) -> str:
     """The confirm of the pick at 1.3x its capacity (the trace tune saved, sped up), checking the SLOs."""
-    import shlex
     options = ",".join(f"{k}={v}" for k, v in pick.items() if k != "policy" and v is not None)
     return shlex.join(["pdsim", "confirm", "--profile", str(profile), "--trace", str(out / "trace.jsonl"),
                        "--speed", f"{best['capacity_scale'] * 1.3:.6g}", "--setting", f"{pick['policy']}:{options}",
