@@ -10,6 +10,8 @@ COPIES=${1:-78}
 OUT=${2:-/tmp/pdsim-long-trace}
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 SRC=${AZURE_CONV:-$HERE/../shared/traces/azure-2023/AzureLLMInferenceTrace_conv.csv}
+PY=${PYTHON:-$HERE/.venv/bin/python}  # pdsim's environment (`bash .ci/install`), or PYTHON=...
+[ -x "$PY" ] || { echo "bench_long_trace.sh: no Python at $PY: run \`bash .ci/install\` first or set PYTHON=PATH" >&2; exit 2; }
 [ -f "$SRC" ] || { echo "bench_long_trace.sh: no Azure conversation trace at $SRC (set AZURE_CONV=PATH)" >&2; exit 2; }
 mkdir -p "$OUT"
 TRACE="$OUT/azure-conv-x$COPIES.csv"
@@ -33,7 +35,7 @@ os.replace(dst + ".tmp", dst)
 print(f"wrote {dst}: {copies * len(rows):,} requests")
 EOF
 cd "$OUT"
-/usr/bin/time -v env PYTHONPATH="$HERE" python3 -m sim.cli simulate --trace "$TRACE" --policy chunked \
+/usr/bin/time -v env PYTHONPATH="$HERE" "$PY" -m sim.cli simulate --trace "$TRACE" --policy chunked \
   > simulate.txt 2> time.txt &
 tpid=$!
 sleep 1
