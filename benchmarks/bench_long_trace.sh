@@ -3,7 +3,7 @@
 # 1,510,548 requests), each copy shifted to start one mean inter-arrival after the one before ends,
 # simulated under chunked with the built-in profile. Prints wall time and peak RSS
 # (`/usr/bin/time -v`) and samples the RSS every 20 s into $OUT/rss.txt (seconds, KB).
-# About 30 minutes on one core of the 2-vCPU VM; run it on a quiet machine.
+# About 5 minutes on one core of the 2-vCPU VM (4 min 6 s at 0b97d03); run it on a quiet machine.
 # usage: benchmarks/bench_long_trace.sh [COPIES] [OUT]   (OUT default /tmp/pdsim-long-trace)
 set -eu
 COPIES=${1:-78}
