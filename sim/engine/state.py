@@ -153,9 +153,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         s.kv, s.log = self.kv.what_if(), _NoLog()
         s._returned, s.stepped = (-1, []), self.stepped
         s.memory, s.kv_limit, s.kv_used, s._position = None, self.kv_limit, self.kv_used, self._position
-        s.state_tokens = self.state_tokens
-        s.preempted_in = self.preempted_in
-        s._followed = None
+        s.state_tokens, s.preempted_in, s._followed = self.state_tokens, self.preempted_in, None
         return s
 
     def cached(self, rids) -> dict[str, int]:
