@@ -3,13 +3,15 @@
 # 1,510,548 requests), each copy shifted to start one mean inter-arrival after the one before ends,
 # simulated under chunked with the built-in profile. Prints wall time and peak RSS
 # (`/usr/bin/time -v`) and samples the RSS every 20 s into $OUT/rss.txt (seconds, KB).
-# About 30 minutes on one core of the 2-vCPU VM; run it on a quiet machine.
+# About 5 minutes on one core of the 2-vCPU VM (4 min 6 s at 0b97d03); run it on a quiet machine.
 # usage: benchmarks/bench_long_trace.sh [COPIES] [OUT]   (OUT default /tmp/pdsim-long-trace)
 set -eu
 COPIES=${1:-78}
 OUT=${2:-/tmp/pdsim-long-trace}
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 SRC=${AZURE_CONV:-$HERE/../shared/traces/azure-2023/AzureLLMInferenceTrace_conv.csv}
+PY=${PYTHON:-$HERE/.venv/bin/python}  # pdsim's environment (`bash .ci/install`), or PYTHON=...
+[ -x "$PY" ] || { echo "bench_long_trace.sh: no Python at $PY: run \`bash .ci/install\` first or set PYTHON=PATH" >&2; exit 2; }
 [ -f "$SRC" ] || { echo "bench_long_trace.sh: no Azure conversation trace at $SRC (set AZURE_CONV=PATH)" >&2; exit 2; }
 mkdir -p "$OUT"
 TRACE="$OUT/azure-conv-x$COPIES.csv"
@@ -33,7 +35,7 @@ os.replace(dst + ".tmp", dst)
 print(f"wrote {dst}: {copies * len(rows):,} requests")
 EOF
 cd "$OUT"
-/usr/bin/time -v env PYTHONPATH="$HERE" python3 -m sim.cli simulate --trace "$TRACE" --policy chunked \
+/usr/bin/time -v env PYTHONPATH="$HERE" "$PY" -m sim.cli simulate --trace "$TRACE" --policy chunked \
   > simulate.txt 2> time.txt &
 tpid=$!
 sleep 1

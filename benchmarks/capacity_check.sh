@@ -25,7 +25,9 @@ import json, math, sys
 num = lambda v: math.nan if v is None else v
 for path in sys.argv[1:]:
     doc = json.load(open(path))
-    print(f"{path}: {doc['trace']['meta'].get('rate_scale', 1):.4g}x the trace's rate")
+    meta = doc["trace"]["meta"]  # the capacity's confirm scales the rate; the one above it speeds the trace up
+    scale = meta.get("rate_scale") or next((s["factor"] for s in meta.get("shaping", ()) if s["op"] == "speed"), 1)
+    print(f"{path}: {scale:.4g}x the rate of tune's trace")
     for res in doc["results"]:
         for v in res.get("slo", ()):
             err = res["rel_error"].get(v["slo"].split("<")[0].split(">")[0])

@@ -60,10 +60,13 @@ class Chunked:
         o = self.opts
         ready = list(islice(state.ready, o.batch_size + 1))  # the slots, and whether one waits
         slots, blocked = ready[:o.batch_size], len(ready) > o.batch_size
-        # tiny-llm: a request that waited for a slot takes it in an iteration with no prefill
-        taking = o.order == "chunk-first" and any(state.ready[r].generated == 1 and not state.ready[r].req.prefilled
-                                                   for r in slots)
-        s = self.queue_order.next(state) if state.queued and not blocked and not taking else None
+        s = None
+        if state.queued and not blocked:
+            held = state.ready
+            # tiny-llm: a request that waited for a slot takes it in an iteration with no prefill
+            taking = o.order == "chunk-first" and any(held[r].generated == 1 and not held[r].req.prefilled
+                                                       for r in slots)
+            s = None if taking else self.queue_order.next(state)
         if s is not None and state.fits(s.rid):  # a KV limit admits it only when its cache fits
             return self._iteration(s, self._chunk(state, s, slots), slots)
         return self._iteration(None, 0, slots)

@@ -1,7 +1,10 @@
 """The SimPy replay: the engine as a process, time from a cost model.
 
-One SimPy event per engine iteration, or one per steady stretch of identical iterations
-(`sim.steady`), never one per token, so a 10,000-request trace replays in seconds.
+SimPy's clock moves with the engine's where something else happens: at an idle wait for the
+next arrival, and at the end of an iteration after which arrivals are admitted. Between arrivals
+nothing else happens, so the iterations there (priced one by one, or a steady stretch of identical
+ones at a time: `sim.steady`) need no event of their own; never one per token, so a
+10,000-request trace replays in seconds.
 """
 from __future__ import annotations
 
@@ -112,7 +115,10 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
                     start, synced, end = t + overhead, t + (overhead + sync), t + (overhead + (sync + seconds))
                     state.apply(item, start, end, synced)
                     t, overhead = end, 0.0
-            yield until(t)  # nothing else happens during an iteration: one SimPy event for it
+            arrival = state.next_arrival
+            if arrival is not None and arrival <= t:
+                yield until(t)  # arrivals wait to be admitted: SimPy's clock catches up
+        yield until(t)
 
     with _collector_paused():
         env.run(until=env.process(engine()))

@@ -169,8 +169,10 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
             costs = cost.prefill_steps(w.tokens, state.queued[w.rid].prefilled, steps).tolist()
         else:
             costs = cost.decode_steps([state.ready[rid].context for rid in w.rids], steps, not w.batched).tolist()
-        sync, costs[0] = call_costs(cost, state, w)  # the same first call, with any buffer growth
         rebuilds = type(w) is Decode and state.batch_change(w) != (0, 0)  # a sync first (`_batch_room`)
+        sync = 0.0
+        if rebuilds or state.kv.counts or type(w) not in PDSIM_WORK:  # else no growth: the column's own price
+            sync, costs[0] = call_costs(cost, state, w)  # the same first call, with any buffer growth
         if rebuilds:
             costs[0] = sync + costs[0]
         syncs.append(sync if rebuilds else None)

@@ -10,19 +10,18 @@ import pytest
 
 import policies
 from calibrate.calibration import add_rounds, calibrate
-from calibrate.measure.engine_runs import EngineRuns
-from calibrate.measure.journal import Journal
-from calibrate.measure.engine_runs import Workload, workloads
-from calibrate.measure.grid import QUICK, TINY, Grid
-from calibrate.engine.model import build_model
 from calibrate.engine.kernels import DecodeBatch
+from calibrate.engine.model import build_model
+from calibrate.measure.engine_runs import EngineRuns, Workload, workloads
+from calibrate.measure.grid import QUICK, TINY, Grid
+from calibrate.measure.journal import Journal
+from calibrate.measure.profiler import ONCE, batch_cache, master_cache, run_grid, sliced, typical_time
 from calibrate.measure.speed_probe import SETTING
 from calibrate.measure.worker import warmup_trace
-from calibrate.measure.profiler import ONCE, batch_cache, master_cache, run_grid, sliced, typical_time
-from sim.cost.model import LinearCostModel
-from sim.cost.profile import cost_model, load_profile
 from sim.core.errors import UserError
+from sim.cost.model import LinearCostModel
 from sim.cost.noise import MIN_CALLS, POINTS
+from sim.cost.profile import cost_model, load_profile
 from sim.replay import simulate
 
 
@@ -134,6 +133,12 @@ def test_grids_time_unaligned_shapes_and_long_chunks_after_no_prefix_only_when_a
     cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0), fresh=1e-9)  # prices fresh memory: the heap runs
     log = simulate(fifo.trace, policies.make("fifo"), cost, warmup=warmup_trace(fifo.trace))
     assert len([c for c in log.calls if c.kind == "decode" and c.fresh and not c.joined]) == 3
+    # joins into a batch with rows to copy, most in warm memory: the samples that price a join's rows
+    # (at a CPU's speeds, qwen3-0.6b's: 5 ms a prompt token, 0.4 s a decode step)
+    cpu = LinearCostModel((0.02, 5e-3, 0.0), (0.4, 0.01, 1e-5), copy=2e-5, fresh=1e-9)
+    chunked = next(w for w in loads["train"] if w.setting.get("policy") == "chunked")
+    log = simulate(chunked.trace, policies.make(**chunked.setting), cpu, warmup=warmup_trace(chunked.trace))
+    assert len([c for c in log.calls if c.kind == "sync" and c.joined and c.written and not c.fresh]) >= 6
     # and one decodes a request at a time (meTile's loop), each request's own cache growing past
     # 256 tokens while the others' are held: the samples that price such a growth (`grow_single`)
     alone = next(w for w in loads["train"] if w.setting.get("decode") == "single")

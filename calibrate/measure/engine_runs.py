@@ -51,7 +51,9 @@ class Workload:
 def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) -> dict[str, list[Workload]]:
     """`train`: all at t=0, eager at the largest batch (every request joins a batch one larger,
     then they leave one at a time: request i owes n + 1 + i tokens); chunked with an unaligned
-    budget over spread arrivals; fifo over three prompts of growing length, whose first decodes
+    budget over spread arrivals, twice the batch's requests (a dozen joins into a batch, most in
+    warm memory: what prices a join's rows; with as many requests as the batch, two such joins per
+    calibration priced them at 1.3-1.6x what the held-out and confirm runs' joins paid); fifo over three prompts of growing length, whose first decodes
     grow a batch of one into arrays larger than any before (a step's own growth in fresh memory,
     `fresh_step`: the batched runs' warm-ups leave no step that can); and three prompts ending
     at or just short of a 256-token buffer step decoded one call per request (meTile's loop), each
@@ -71,7 +73,7 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
     top = max_prompt // STEP * STEP or max_prompt  # below one step (tiny grids): no growth, same calls
     return {
         "train": [Workload("eager-staggered", staggered(max_batch, 11), {"policy": "eager", "batch_size": max_batch}),
-                  Workload("chunked-spread", spread(max_batch, 12, 2.0),
+                  Workload("chunked-spread", spread(2 * max_batch, 12, 2.0),
                            {"policy": "chunked", "budget": 48, "batch_size": max_batch}),
                   Workload("fifo-growth", fixed([0.0] * 3, [max(9, max_prompt * k // 3) for k in (1, 2, 3)], [3] * 3,
                                                 13, vocab), {"policy": "fifo"}),

@@ -153,9 +153,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         s.kv, s.log = self.kv.what_if(), _NoLog()
         s._returned, s.stepped = (-1, []), self.stepped
         s.memory, s.kv_limit, s.kv_used, s._position = None, self.kv_limit, self.kv_used, self._position
-        s.state_tokens = self.state_tokens
-        s.preempted_in = self.preempted_in
-        s._followed = None
+        s.state_tokens, s.preempted_in, s._followed = self.state_tokens, self.preempted_in, None
         return s
 
     def cached(self, rids) -> dict[str, int]:
@@ -170,6 +168,8 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
                 self.kv = followed[1]
                 return followed[2]
         kv = kv or self.kv
+        if type(work) is Decode and work.batched:  # the commonest call first
+            return kv.decode_batch(work.rids, self.cached(work.rids) if kv.counts else {})
         if isinstance(work, Prefill):
             return NONE, kv.prefill(work.rid, prefix, work.tokens)
         if isinstance(work, BatchPrefill):
@@ -259,7 +259,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         joined, left = self.batch_change(work)
         held = self.kv.resident() if self.memory is not None else 0
         (sync_written, sync_fresh), (written, fresh) = self._kv_apply(work, 0)
-        contexts = tuple(s.req.prompt_len + s.generated for s in states)
+        contexts = tuple([s.req.prompt_len + s.generated for s in states])
         if self.memory is not None:
             self._peak(held, self._grown(held), "decode", len(states), 0, contexts)
         if (joined or left) and synced is not None:  # the batch cache's rebuild, a call of its own
