@@ -59,9 +59,10 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
     warm-ups leave no step that can); and three prompts ending at or just short of a 256-token
     buffer step decoded one call per request (meTile's loop), each request's own cache growing
     once, the second while the first's grown cache is held (`grow_single`: meTile's paid 100-980
-    us a row, where the batch cache's growths cost 50-300); `held_out`: another seed, another budget, half the batch (one run: a calibration must fit in
-    10 minutes, and the eager one timed the same calls again); and vLLM's scheduler on another
-    seed, whose mixed forwards the grid's (`Grid.fused`) price."""
+    us a row, where the batch cache's growths cost 50-300); `held_out`: another seed, another
+    budget, half the batch (one run: a calibration must fit in 10 minutes, and the eager one timed
+    the same calls again); and vLLM's scheduler on another seed, whose mixed forwards the grid's
+    (`Grid.fused`) price."""
     def staggered(n, seed):
         rng = random.Random(seed)
         return fixed([0.0] * n, [rng.randint(9, max_prompt) for _ in range(n)], [n + 1 + i for i in range(n)],
