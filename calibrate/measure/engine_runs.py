@@ -53,15 +53,16 @@ def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) ->
     then they leave one at a time: request i owes n + 1 + i tokens); chunked with an unaligned
     budget over spread arrivals, twice the batch's requests (a dozen joins into a batch, most in
     warm memory: what prices a join's rows; with as many requests as the batch, two such joins per
-    calibration priced them at 1.3-1.6x what the held-out and confirm runs' joins paid); fifo over three prompts of growing length, whose first decodes
-    grow a batch of one into arrays larger than any before (a step's own growth in fresh memory,
-    `fresh_step`: the batched runs' warm-ups leave no step that can); and three prompts ending
-    at or just short of a 256-token buffer step decoded one call per request (meTile's loop), each
-    request's own cache growing once, the second while the first's grown cache is held
-    (`grow_single`: meTile's paid 100-980 us a row, where the batch cache's growths cost 50-300);
-    `held_out`: another seed, another budget, half the batch (one run: a calibration must fit in
-    10 minutes, and the eager one timed the same calls again); and vLLM's scheduler on another
-    seed, whose mixed forwards the grid's (`Grid.fused`) price."""
+    calibration priced a row at 1.1-1.6x what the held-out run's joins paid, in five calibrations);
+    fifo over three prompts of growing length, whose first decodes grow a batch of one into arrays
+    larger than any before (a step's own growth in fresh memory, `fresh_step`: the batched runs'
+    warm-ups leave no step that can); and three prompts ending at or just short of a 256-token
+    buffer step decoded one call per request (meTile's loop), each request's own cache growing
+    once, the second while the first's grown cache is held (`grow_single`: meTile's paid 100-980
+    us a row, where the batch cache's growths cost 50-300); `held_out`: another seed, another
+    budget, half the batch (one run: a calibration must fit in 10 minutes, and the eager one timed
+    the same calls again); and vLLM's scheduler on another seed, whose mixed forwards the grid's
+    (`Grid.fused`) price."""
     def staggered(n, seed):
         rng = random.Random(seed)
         return fixed([0.0] * n, [rng.randint(9, max_prompt) for _ in range(n)], [n + 1 + i for i in range(n)],

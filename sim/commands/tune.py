@@ -53,7 +53,8 @@ def add_parser(sub) -> None:
     p.add_argument("--recalibrate", action="store_true", help="calibrate again even if a cached profile exists")
     p.add_argument("--slo", nargs="+", metavar="CONSTRAINT",
                    help="the SLOs every setting must hold (default: decode_gap_p95_ms <= a decode step and a chunk "
-                        "between the middle budget and the next, p99_ttft_ms <= 10x the longest prompt's prefill; mlx-lm: a gap target)")
+                        "between the middle budget and the next, p99_ttft_ms <= 10x the longest prompt's prefill; "
+                        "mlx-lm: a gap target)")
     p.add_argument("--repeats", type=whole(1, 1000), default=3, help="confirm runs per setting (default 3: a median that one noisy run cannot move)")
     p.add_argument("--engine", choices=["pdsim", "mlx-lm", "vllm"], default="pdsim",
                    help="pdsim: tune pdsim's policies on its engine (default); mlx-lm: tune mlx_lm.server's flags "

@@ -8,9 +8,10 @@ breaks it, a chunked one need not), and the first token at most ten times the pr
 trace's longest prompt. The gap target sits between two budgets, not on one: a setting whose own
 step is the target has a p95 gap that creeps towards it with the rate (chunked/b32 on the
 calibration of 2026-12-07: 1,000 ms at 1/14 of its capacity, 1,101 at it, 1,134 at 1.4x), so its
-capacity would be where a flat curve crosses, which machine noise moves. With the margin, the pick's capacity is set
-by the TTFT target, which rises steeply near saturation (13.1 s at 0.73x, 19.5 s at the capacity,
-21.2 s at 1.06x), so the SLOs break above it as they should. A user's own `--slo` replaces them.
+capacity would be where a flat curve crosses, which machine noise moves. With the margin, the
+pick's capacity is set by the TTFT target, which rises steeply near saturation (13.1 s at 0.73x,
+19.5 s at the capacity, 21.2 s at 1.06x), so the SLOs break above it as they should (on the real
+engine at 1.3x: 21.2 s predicted, 21.9 measured, docs/results.md). A user's own `--slo` replaces them.
 """
 from __future__ import annotations
 
