@@ -18,7 +18,8 @@ from sim.replay import simulate
 from tests.test_engine_real import SETTINGS  # the dense model's settings, run on the hybrid
 from traces.generators import tinyllm
 
-COST = LinearCostModel((1e-3, 1e-5, 1e-8), (1e-3, 1e-4, 1e-7), copy=1e-6, fresh=1e-6)
+COST = LinearCostModel((1e-3, 1e-5, 1e-8), (1e-3, 1e-4, 1e-7), copy=1e-6, fresh=1e-6,
+                       state_tokens=state_tokens(HYBRID_CONFIGS["qwen3.5-tiny"]))  # a hybrid's profile says it
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +69,13 @@ def test_chunked_prefill_matches_one_shot_and_every_policy_gives_the_same_tokens
 def test_the_simulator_makes_the_real_engines_calls(lm, setting):
     """Every request at t=0: the policy's decisions do not depend on time, so the simulator makes
     pdsim's executor's calls on the hybrid model, with the same KV rows written (the attention
-    layer's buffers grow as a dense model's) and, under a KV limit that counts each request's state,
-    the same preemptions."""
+    layer's buffers grow as a dense model's, and a sync copies each row's state with its KV row) and,
+    under a KV limit that counts each request's state, the same preemptions."""
     trace = tinyllm(5, 20, 120, 2, 12, seed=6, vocab=1024) if "kv_limit" not in setting else \
         tinyllm(5, 20, 60, 20, 40, seed=6, vocab=1024)  # decodes long enough to outgrow the limit
     policy = policies.make(**setting)
     real = RealEngine(lm).run(trace, policy).log.calls
-    cost = COST if "kv_limit" not in setting else LinearCostModel(
-        COST.prefill_coef, COST.decode_coef, copy=1e-6, fresh=1e-6, kv_bytes=kv_bytes_per_token(lm.config),
-        state_tokens=state_tokens(lm.config))
+    cost = COST if "kv_limit" not in setting else replace(COST, kv_bytes=kv_bytes_per_token(lm.config))
     sim = simulate(trace, policy, cost).calls
     shape = lambda c: (c.kind, c.rids, c.tokens, c.prefix, c.contexts, c.joined, c.left, c.written, c.batched)
     assert [shape(c) for c in sim] == [shape(c) for c in real]
