@@ -33,7 +33,7 @@ from sim.core.outdir import file_sha256
 from sim.cost.profile import cost_model, load_profile
 from sim.engine.heap import GROUPS
 from sim.engine.log import EventLog
-from sim.engine.memory import attention_layers, profile_kv_bytes
+from sim.engine.memory import attention_layers, profile_kv_bytes, profile_state_tokens, state_tokens
 from sim.engine.work import EngineError
 from traces.trace import Trace
 
@@ -65,7 +65,7 @@ def calibrate(model: str, grid: Grid, out: Path | None, dtype: str = "float32", 
         samples = run_grid(lm, grid, journal, seed=seed, progress=progress, after_round=lambda r: runs.run(after[r]))
         engine = runs.records()
     groups = attention_layers(lm.config)  # the heap model follows each KV layer's arrays (`sim.engine.heap`)
-    samples += engine_samples(engine, groups)
+    samples += engine_samples(engine, groups, state_tokens(lm.config, lm.dtype))
     fitted = fit_profile(samples, seed=seed, page=dear_page_seconds(reference_probes({"engine_runs": engine})))
     fitted["cost"]["heap_groups"] = groups
     fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
@@ -155,7 +155,8 @@ def from_runs(reports: list[Path], out: Path, source: Path | None = None, seed: 
                                        places)  # the run's probes against the calibration's (none: as timed)
     added = [s for d, r, trace in zip(docs, reports, traces) for run in d["runs"]
              for s in brought_back(samples_from_log(relogged(trace, run["log"], run["setting"], cost,
-                                                             profile_kv_bytes(prof), warmed_with(d)[1], cost.heap_groups),
+                                                             profile_kv_bytes(prof), warmed_with(d)[1], cost.heap_groups,
+                                                             cost.state_tokens),
                                                     f"run:{r.name}:{run['label']}:r{run['repeat']}"), speed(run))]
     prof.pop("_path")
     prof["samples"] = prof["samples"] + added
@@ -177,7 +178,8 @@ def refitted(prof: dict, samples: list[dict], seed: int) -> dict:
     if prof.get("engine_runs"):  # in the order calibrate writes them: grid, engine runs, then any others
         engine = lambda s: s.get("source", "").startswith(("engine:", HELD_OUT))
         try:
-            derived = engine_samples(prof["engine_runs"], prof["cost"].get("heap_groups", GROUPS))
+            derived = engine_samples(prof["engine_runs"], prof["cost"].get("heap_groups", GROUPS),
+                                     profile_state_tokens(prof))
         except (KeyError, TypeError, ValueError, IndexError, EngineError) as e:  # a damaged run (schema-valid)
             raise UserError(f"profile {prof.get('_path') or prof.get('refit_of') or ''}: its engine_runs cannot be "
                             f"replayed ({type(e).__name__}: {e})") from None

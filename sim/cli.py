@@ -40,12 +40,15 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """pdsim's parser; with `command`, that command's only (the others' modules are not imported:
+    `sweep` and `capacity` import pandas, a sixth of a short `simulate`'s time)."""
     p = Parser(prog="pdsim", description="Choose a prefill chunk budget and scheduling "
                                 "policy: calibrate MLX kernels, simulate traces, confirm on the real engine.")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in COMMANDS.values():
-        importlib.import_module(module).add_parser(sub)
+    for name, module in COMMANDS.items():
+        if command in (None, name):
+            importlib.import_module(module).add_parser(sub)
     return p
 
 
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = "pdsim"
     try:
-        parser = build_parser()
+        parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
         args = parser.parse_args(argv)
         command = f"pdsim {args.command}"
         module = importlib.import_module(COMMANDS[args.command])

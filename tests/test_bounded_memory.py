@@ -6,6 +6,8 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import policies
 from sim.cost.profile import BUILTIN, cost_model, load_profile
@@ -14,7 +16,7 @@ from sim.metrics.scoring import score
 from sim.metrics.quantiles import Distribution
 from sim.replay import simulate
 from sim.metrics.scored_log import ScoredLog, simulate_scored
-from sim.metrics.tally import Slo
+from sim.metrics.tally import Slo, p95_of_runs
 from traces.generators import poisson, tinyllm
 
 COST = cost_model(load_profile(BUILTIN))
@@ -136,3 +138,15 @@ def test_gaps_judged_in_small_batches_are_tiny_llms_gaps(setting, monkeypatch):
     assert np.array_equal(np.sort(tally.gaps.values()), want)
     assert got["decode_gap_max_ms"] == want.max()
     assert len(tally._finish) < 20  # not one entry per request done
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.floats(0, 10, allow_nan=False) | st.sampled_from([0.0, 0.5, 1.0]), min_size=1, max_size=40),
+                min_size=1, max_size=6))
+def test_each_requests_p95_gap_is_numpys(runs):
+    """The per-request p95 gap, computed for many requests at once, is the float `np.percentile`
+    gives each request's gaps (ties, runs of one, and interpolation weights either side of 0.5)."""
+    values = np.concatenate([np.asarray(r, float) for r in runs])
+    run = np.repeat(np.arange(len(runs)), [len(r) for r in runs])
+    starts = np.r_[0, np.cumsum([len(r) for r in runs])[:-1]]
+    assert p95_of_runs(values, run, starts).tolist() == [float(np.percentile(r, 95)) for r in runs]

@@ -18,7 +18,8 @@ from sim.replay import simulate
 from tests.test_engine_real import SETTINGS  # the dense model's settings, run on the hybrid
 from traces.generators import tinyllm
 
-COST = LinearCostModel((1e-3, 1e-5, 1e-8), (1e-3, 1e-4, 1e-7), copy=1e-6, fresh=1e-6)
+COST = LinearCostModel((1e-3, 1e-5, 1e-8), (1e-3, 1e-4, 1e-7), copy=1e-6, fresh=1e-6,
+                       state_tokens=state_tokens(HYBRID_CONFIGS["qwen3.5-tiny"]))  # a hybrid's profile says it
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +69,13 @@ def test_chunked_prefill_matches_one_shot_and_every_policy_gives_the_same_tokens
 def test_the_simulator_makes_the_real_engines_calls(lm, setting):
     """Every request at t=0: the policy's decisions do not depend on time, so the simulator makes
     pdsim's executor's calls on the hybrid model, with the same KV rows written (the attention
-    layer's buffers grow as a dense model's) and, under a KV limit that counts each request's state,
-    the same preemptions."""
+    layer's buffers grow as a dense model's, and a sync copies each row's state with its KV row) and,
+    under a KV limit that counts each request's state, the same preemptions."""
     trace = tinyllm(5, 20, 120, 2, 12, seed=6, vocab=1024) if "kv_limit" not in setting else \
         tinyllm(5, 20, 60, 20, 40, seed=6, vocab=1024)  # decodes long enough to outgrow the limit
     policy = policies.make(**setting)
     real = RealEngine(lm).run(trace, policy).log.calls
-    cost = COST if "kv_limit" not in setting else LinearCostModel(
-        COST.prefill_coef, COST.decode_coef, copy=1e-6, fresh=1e-6, kv_bytes=kv_bytes_per_token(lm.config),
-        state_tokens=state_tokens(lm.config))
+    cost = COST if "kv_limit" not in setting else replace(COST, kv_bytes=kv_bytes_per_token(lm.config))
     sim = simulate(trace, policy, cost).calls
     shape = lambda c: (c.kind, c.rids, c.tokens, c.prefix, c.contexts, c.joined, c.left, c.written, c.batched)
     assert [shape(c) for c in sim] == [shape(c) for c in real]
@@ -129,3 +128,35 @@ def test_a_calibration_of_the_hybrid_prices_its_state(tmp_path, capsys):
     assert main(["simulate", "--profile", str(out), "--trace", "tinyllm", "--num-seqs", "4", "--policy", "vllm",
                  "--force"]) == 0
     assert "qwen3.5-tiny is a hybrid model" in capsys.readouterr().out
+
+
+def test_batch_generators_calls_on_the_hybrid_are_calibrated_and_confirmed(tmp_path):
+    """`pdsim calibrate --engine mlx-lm` times BatchGenerator's calls on the hybrid (its prepared batch
+    caches hold each row's linear-layer state beside the attention layer's KV), the held-out
+    BatchGenerator run is priced call by call, and a confirm on BatchGenerator runs the policy's calls."""
+    import json
+    import subprocess
+    import sys
+
+    from calibrate.measure.grid import MLX_TINY
+    from calibrate.mlxlm_calibration import calibrate_mlx_lm
+    from sim.cost.profile import load_profile
+    path = tmp_path / "hybrid-mlx-lm.json"
+    calibrate_mlx_lm("qwen3.5-tiny", MLX_TINY, path, progress=False)
+    prof = load_profile(path)
+    assert prof["engine"] == "mlx-lm" and prof["cost"]["heap_groups"] == attention_layers(HYBRID_CONFIGS["qwen3.5-tiny"])
+    grid = [s for s in prof["samples"] if "source" not in s]
+    assert {s["call"] for s in grid if s["step"] == "generate"} == {"first", "generate", "merge"}
+    replay = prof["fit"]["replay"]
+    assert {r["kind"] for r in replay["by_kind"]} >= {"prompt", "first", "generate"} and replay["calls"] > 0
+    out = tmp_path / "report.json"
+    p = subprocess.run([sys.executable, "-m", "sim.cli", "confirm", "--engine", "mlx-lm", "--profile", str(path),
+                        "--trace", "poisson", "--num-requests", "5", "--rate", "60", "--min-in", "5", "--max-in", "50",
+                        "--min-out", "3", "--max-out", "8", "--seed", "4", "--setting",
+                        "mlx-lm:prefill_step=16,prompt_concurrency=2,decode_concurrency=3", "--repeats", "1",
+                        "-o", str(out)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(out.read_text())
+    assert rep["gate"]["ok"] and rep["gate"]["policy_calls_identical"]
+    assert rep["runs"][0]["check"] == {"policy_mismatches": [], "shape_mismatches": []}
+    assert {c["kind"] for c in rep["results"][0]["calls_by_kind"]} >= {"prompt", "first", "generate"}

@@ -74,8 +74,8 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
         predicted, spread = metrics_of(predictions, noisy, stall_ms)
         at_calibration = metrics_of(*replays(trace, policy, cost, noise, replicas, warm), stall_ms)[0] \
             if known else predicted
-        logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes, warmup_with if warmup else None, cost.heap_groups)
-                for r in mine]
+        logs = [relogged(trace, r["log"], s, cost, cost.kv_bytes, warmup_with if warmup else None, cost.heap_groups,
+                         cost.state_tokens) for r in mine]
         typical = replays(trace, policy, cost, None, 0, warm, speed)[0][0] if noisy else predictions[0]
         for r, log in zip(mine, logs):
             r["metrics"] = score(log, stall_ms=stall_ms)

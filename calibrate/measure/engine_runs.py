@@ -148,7 +148,7 @@ def between_calls_share(logs: list[EventLog]) -> float:
 
 
 def relogged(trace: Trace, log: dict, setting: dict, policy_cost=None, kv_bytes: int | None = None,
-             warmup_with: str | None = "short", groups: int = GROUPS) -> EventLog:
+             warmup_with: str | None = "short", groups: int = GROUPS, state_tokens: int = 0) -> EventLog:
     """A worker run's log (`calibrate.measure.worker`: a warm-up, then `trace` under `setting`) with what
     the state machine derives from its calls (KV buffers written, fresh memory beyond what the
     warm-up left) recomputed by today's rules, at the measured times. `policy_cost`:
@@ -158,14 +158,15 @@ def relogged(trace: Trace, log: dict, setting: dict, policy_cost=None, kv_bytes:
     (`calibrate.measure.worker.warmup_of`; None: no warm-up). A warm-up's own calls are not logged: the
     short one is replayed (its requests arrive at t=0, so any times give its path), the trace is
     taken to have gone the run's own path (`sim.engine.relog.served`). `groups`: the heap model's
-    (`sim.engine.heap`; the profile's `cost.heap_groups`)."""
+    (`sim.engine.heap`; the profile's `cost.heap_groups`); `state_tokens`: a hybrid model's state per
+    request, which its syncs copy (`sim.engine.kvcache.KVBuffers`)."""
     run = EventLog.from_dict(log)
     if warmup_with == "trace":
-        return relog(trace, run, served(trace, run, Heap(groups=groups)))
+        return relog(trace, run, served(trace, run, Heap(groups=groups)), state_tokens=state_tokens)
     cost = LinearCostModel((1e-3, 0.0, 0.0), (1e-3, 0.0, 0.0), kv_bytes=kv_bytes)
     heap = Heap(groups=groups) if warmup_with is None else \
         warmed(warmup_of(trace, warmup_with), policies.make(**setting, cost=policy_cost or cost), cost, Heap(groups=groups))
-    return relog(trace, run, heap)
+    return relog(trace, run, heap, state_tokens=state_tokens)
 
 
 class EngineRuns:
@@ -217,16 +218,16 @@ class EngineRuns:
                 continue
 
 
-def engine_samples(runs: list[dict], groups: int = GROUPS) -> list[dict]:
+def engine_samples(runs: list[dict], groups: int = GROUPS, state_tokens: int = 0) -> list[dict]:
     """The calls of the calibration's engine runs as samples (held-out runs marked), their KV
     buffers derived from the calls by today's state machine (`sim.engine.relog`), so a refit of an
     older profile prices them by today's rules; each call's time at the calibration's speed
     (`run_speeds`: `speed` the factor applied, `measured` the time as timed). `groups`: the
-    profile's heap groups (`relogged`)."""
+    profile's heap groups, `state_tokens` its model's state per request (`relogged`)."""
     out, speeds = [], run_speeds(runs)
     for r in runs:
         log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"],
-                       groups=groups)
+                       groups=groups, state_tokens=state_tokens)
         out += brought_back(samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"]),
                             speeds.get(r["name"]))
     return out

@@ -16,10 +16,11 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from calibrate.engine.executor import minor_faults
+from calibrate.engine.kernels import is_kv
 from calibrate.engine.mlxlm_batches import G
 from calibrate.engine.model import LoadedModel
 from calibrate.measure.grid import MlxLmGrid
-from calibrate.measure.profiler import _timed, master_cache
+from calibrate.measure.profiler import _state_copy, _timed, master_cache
 from sim.engine.kvcache import BatchCache, write
 
 MAX_TOKENS = 1 << 20  # a prepared row never finishes while timed
@@ -29,9 +30,14 @@ def _batch_cache(master, rows: int, idx: int, cap: int) -> list:
     """One `BatchKVCache` per layer: `rows` rows of `idx` tokens (no padding) in buffers of `cap`,
     laid out as the engine's own: zeros with the tokens written in. (`mx.repeat` of a slice of the
     master builds an array that copies 2.2x slower; every split and merge copies the cache, so a
-    first forward on it read 0.96 s for 4 rows at 100 tokens, 0.58 s on the engine's path.)"""
+    first forward on it read 0.96 s for 4 rows at 100 tokens, 0.58 s on the engine's path.)
+    A hybrid model's linear layer gets the master's state once per row, as `ArraysCache.merge`
+    stacks the rows' states."""
     out = []
     for m in master:
+        if not is_kv(m):
+            out.append(_state_copy(m, rows))
+            continue
         c = BatchKVCache([0] * rows)
         keys = mx.zeros((rows, *m.keys.shape[1:2], cap, m.keys.shape[3]), m.keys.dtype)
         values = mx.zeros((rows, *m.values.shape[1:2], cap, m.values.shape[3]), m.values.dtype)

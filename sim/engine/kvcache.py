@@ -19,11 +19,9 @@ the real caches, call by call.
 Memory the process has not used before costs more: the kernel maps and zeroes every fresh page
 (a 700 MB copy took 1.9 s the first time and 0.45 s after, in one process). So `KVBuffers`
 follows what the caches free as well as what they allocate, on a model of the process's heap
-(`sim.engine.heap`), and `fresh` counts the token-rows a call faults in there. The real engine counts
-each call's page faults (`EventLog.faults`), which measure what this estimates (a confirm's
-call table sets the two side by side). Freed memory is not one pool any array can take from: so
-modelled, a join's faults came out at twice what they were, and a new request's first chunk at
-none where it faulted a hundred rows.
+(`sim.engine.heap`), and `fresh` counts the token-rows a call faults in there; the real engine
+counts each call's page faults (`EventLog.faults`), what this estimates. Freed memory is not one
+pool any array can take from: so modelled, a join's faults came out at twice what they were.
 
 mlx-lm's `BatchGenerator` keeps two batch caches, the prompt batch and the generation batch
 (`BatchCache`, with every row's left padding), rebuilt by the same operations plus a roll of the
@@ -54,7 +52,9 @@ def write(cap: int, idx: int, n: int) -> tuple[int, int]:
 
 @dataclass
 class KVBuffers:
-    """Buffer capacity of every request's own cache and of the batch cache (rows, `_idx`, capacity)."""
+    """Buffer capacity of every request's own cache and of the batch cache (rows, `_idx`, capacity).
+    A hybrid model's rows also hold a linear-layer state each (`state` token-rows' worth, no heap
+    model: it is not a KV array), copied where the row is: written back, gathered, concatenated."""
     own: dict[str, int] = field(default_factory=dict)  # rid -> capacity of its per-request cache
     rows: tuple[str, ...] = ()  # the batch cache's rows, in order
     idx: int = 0  # the batch cache's `_idx`: its longest row, left padding included
@@ -65,12 +65,13 @@ class KVBuffers:
     call_largest: int = 0
     prompt: "BatchCache" = field(default_factory=lambda: BatchCache())  # mlx-lm's prompt batch
     gen: "BatchCache" = field(default_factory=lambda: BatchCache())  # mlx-lm's generation batch
+    state: int = 0  # token-rows of a request's linear-layer state (`sim.engine.memory.state_tokens`)
     counts: ClassVar[bool] = True  # follows every buffer's size (`RowsOnly` does not)
 
     def what_if(self) -> "KVBuffers":
         """A copy to follow a call on without changing these buffers (the batch caches copied too)."""
         return KVBuffers(dict(self.own), self.rows, self.idx, self.cap, self.heap.copy(), self.written,
-                         self.built, self.call_largest, self.prompt.copy(), self.gen.copy())
+                         self.built, self.call_largest, self.prompt.copy(), self.gen.copy(), self.state)
 
     def _new(self, rows: int, passes: int = 1) -> None:
         """One new array of `rows` token-rows (each layer's keys and values alike), written by the
@@ -154,6 +155,7 @@ class KVBuffers:
             if r not in wanted and r in cached:  # a leaver that still owes tokens: its row copied out
                 self.own[r] = cached[r]
                 self._new(cached[r])
+                self.written += self.state
         if not kept:
             self._drop(len(self.rows) * self.cap)
             self.idx = self.cap = 0
@@ -178,6 +180,7 @@ class KVBuffers:
                         self._new(n * size, passes=2)
                         copies.append(n * size)
                 self._new((len(kept) + len(joining)) * size)
+                self.written += (len(kept) + len(joining)) * self.state
                 for rows in copies:
                     self._drop(rows)
                 self.idx, self.cap = idx, size
@@ -189,6 +192,7 @@ class KVBuffers:
         """`BatchKVCache.filter` of a batch of `held` rows: gather the kept rows (the old buffer
         freed), then drop the padding they all share (a view)."""
         self._new(len(kept) * self.cap)
+        self.written += len(kept) * self.state
         self._drop(held * self.cap)
         shift = self.idx - max(cached[r] for r in kept)
         self.idx -= shift
@@ -378,8 +382,7 @@ class RowsOnly(KVBuffers):
     """The buffers of a replay whose profile prices no KV copy and no memory (the built-in one):
     only which requests the batch cache holds, in order (what makes a sync), and mlx-lm's two
     batches' rows (what its policy reads). pdsim's and vLLM's calls write nothing it counts, and no
-    buffer's growth ends a steady stretch (`sim.steady`): a replay pays only for what its profile
-    prices."""
+    buffer's growth ends a steady stretch (`sim.steady`): a replay pays for what its profile prices."""
     counts: ClassVar[bool] = False
 
     def what_if(self) -> "RowsOnly":

@@ -12,15 +12,16 @@ from traces.trace import Trace
 
 
 def relog(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryModel | None = None,
-          counts: bool = True) -> EventLog:
+          counts: bool = True, state_tokens: int = 0) -> EventLog:
     """A measured log's calls through today's state machine, at their measured times: what the
     state derives from the calls (KV buffers written, fresh memory) recomputed with today's rules,
     for a log written before them. Single decodes need the log's `batched` flag (logs since 0.2).
     mlx-lm's calls are rebuilt as the work they were (`work_of`), their prompt-batch joins inferred.
     The measured peak memory and page faults are kept; with `memory`, the log's peak is that
     model's prediction for these very calls instead. `counts`: follow buffer sizes (a measured run's
-    log; a replay's under a profile that prices no KV copy follows none: `RowsOnly`)."""
-    state = replayed(trace, log, heap, memory, counts)
+    log; a replay's under a profile that prices no KV copy follows none: `RowsOnly`). `state_tokens`:
+    a hybrid model's linear-layer state per request, which its syncs copy (`EngineState`)."""
+    state = replayed(trace, log, heap, memory, counts, state_tokens)
     if memory is None:
         state.log.peak_memory = log.peak_memory
     if log.faults is not None and len(log.faults) == state.log.call_count:  # measured, call for call
@@ -28,16 +29,16 @@ def relog(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryM
     return state.log
 
 
-def served(trace: Trace, log: EventLog, heap: Heap | None = None) -> Heap:
+def served(trace: Trace, log: EventLog, heap: Heap | None = None, state_tokens: int = 0) -> Heap:
     """The process's heap after it made this log's calls, every cache dropped: what a warm-up that
     served the same trace left, where it took the path the log took."""
-    return replayed(trace, log, heap).kv.released()
+    return replayed(trace, log, heap, state_tokens=state_tokens).kv.released()
 
 
 def replayed(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryModel | None = None,
-             counts: bool = True) -> EngineState:
+             counts: bool = True, state_tokens: int = 0) -> EngineState:
     """The state machine after the log's calls, at their measured times (`relog`)."""
-    state, sync = EngineState(trace, heap, memory=memory, counts=counts), None
+    state, sync = EngineState(trace, heap, memory=memory, counts=counts, state_tokens=state_tokens), None
     order = {r.id: i for i, r in enumerate(trace.requests)}
     prompting: dict[int, list[str]] = {}  # iteration -> the rows of its first forward and prompt calls
     for c in log.calls:

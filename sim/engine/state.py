@@ -43,7 +43,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         largest call peak goes to the log as `peak_memory` (`sim.engine.memory`; None: not priced);
         `kv_limit`: the KV-cache tokens every cache together may hold (None: no limit;
         `sim.engine.kvlimit` enforces it); `state_tokens`: a hybrid model's linear-layer state per
-        request, in KV tokens, which the limit counts beside the tokens (`sim.engine.memory.state_tokens`)."""
+        request, in KV tokens, which the limit counts and a sync copies (`sim.engine.memory.state_tokens`)."""
         if kv_limit is not None:
             check_kv_fit(trace, kv_limit, state_tokens)
         self.kv_limit = kv_limit
@@ -58,7 +58,7 @@ class EngineState(KVLimitRules, MlxLmTransitions, MixedForward):
         self.queued: OrderedDict[str, RequestState] = OrderedDict()
         self.ready: dict[str, RequestState] = {}
         # the KV caches' buffers and the batch's rows; their sizes only where a price reads them (`counts`)
-        self.kv = (KVBuffers if counts else RowsOnly)(heap=heap.copy() if heap is not None else Heap())
+        self.kv = (KVBuffers if counts else RowsOnly)(heap=(heap or Heap()).copy(), state=state_tokens)
         self.finished = 0
         self.arrived = 0
         self.log = EventLog() if log is None else log

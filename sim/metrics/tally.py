@@ -179,8 +179,7 @@ class Tally:
                 starts = np.flatnonzero(np.r_[True, own[1:] != own[:-1]])
                 two = idx[n >= 2]
                 rows.gap_max[two] = np.maximum.reduceat(gaps, starts)
-                for j, g in zip(two.tolist(), np.split(gaps, starts[1:])):
-                    rows.gap_p95[j] = float(np.percentile(g, 95))
+                rows.gap_p95[two] = p95_of_runs(gaps, own, starts)
 
     def decode_calls(self, ends, iterations) -> None:
         """Decode calls' end times and iterations, in time order."""
@@ -302,6 +301,22 @@ def _stats(d: Distribution, name: str, out: dict) -> None:
     out[f"std_{name}_ms"] = d.std()
     for q in (50, 95, 99):
         out[f"p{q}_{name}_ms"] = d.percentile(q / 100)
+
+
+def p95_of_runs(values: np.ndarray, run: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """`np.percentile(v, 95)` of each run of `values` (`run`: the run of each, nondecreasing;
+    `starts`: where each begins), all at once with numpy's own arithmetic, so each float is the
+    one it gives (a test checks). One call per request was a fifth of a replay's scoring."""
+    ordered = values[np.lexsort((values, run))]
+    m = np.diff(np.r_[starts, len(values)])
+    v = (m - 1) * 0.95  # numpy's "linear" method: the virtual index, its floor and the weight
+    below = np.floor(v)
+    last = v >= m - 1  # the top of the run: numpy takes its largest value
+    lo = np.where(last, m - 1, below).astype(np.intp)
+    hi = np.where(last, m - 1, below + 1).astype(np.intp)
+    a, b, g = ordered[starts + lo], ordered[starts + hi], v - below
+    d = b - a
+    return np.where(last, a, np.where(g >= 0.5, b - d * (1 - g), a + d * g))
 
 
 def _meet(seconds: np.ndarray, target_ms: float | None) -> np.ndarray:
