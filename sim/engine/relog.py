@@ -29,10 +29,10 @@ def relog(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryM
     return state.log
 
 
-def served(trace: Trace, log: EventLog, heap: Heap | None = None, state_tokens: int = 0) -> Heap:
+def served(trace: Trace, log: EventLog, heap: Heap | None = None) -> Heap:
     """The process's heap after it made this log's calls, every cache dropped: what a warm-up that
     served the same trace left, where it took the path the log took."""
-    return replayed(trace, log, heap, state_tokens=state_tokens).kv.released()
+    return replayed(trace, log, heap).kv.released()
 
 
 def replayed(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryModel | None = None,

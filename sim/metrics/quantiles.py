@@ -73,7 +73,8 @@ class Distribution:
     def _count(self) -> None:
         """The buckets of the values folded since the last count, into the sketch (counted in bulk:
         a request's gaps one at a time spent most of a long replay's scoring in `np.unique`). The keys
-        span a few thousand buckets, so counting them is a `bincount`, not a sort: 5% of a replay."""
+        span a few thousand buckets, so counting them is a `bincount`, not a sort (the sort was 4.7% of
+        `pdsim simulate` on the Azure 2023 conversation trace)."""
         if not self._keys:
             return
         keys = np.concatenate(self._keys)

@@ -306,7 +306,7 @@ def _stats(d: Distribution, name: str, out: dict) -> None:
 def p95_of_runs(values: np.ndarray, run: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """`np.percentile(v, 95)` of each run of `values` (`run`: the run of each, nondecreasing;
     `starts`: where each begins), all at once with numpy's own arithmetic, so each float is the
-    one it gives (a test checks). One call per request was a fifth of a replay's scoring."""
+    one it gives (a test checks), instead of one `np.percentile` call per request."""
     ordered = values[np.lexsort((values, run))]
     m = np.diff(np.r_[starts, len(values)])
     v = (m - 1) * 0.95  # numpy's "linear" method: the virtual index, its floor and the weight
