@@ -2,6 +2,9 @@
 qwen3.5-tiny, built from mlx-lm's own `qwen3_5.TextModel`: both real engines make the simulator's
 calls, the correctness gate holds, and memory counts the attention layers' KV and each request's
 fixed linear-layer state as mlx-lm's caches hold them."""
+import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -12,7 +15,10 @@ from calibrate.engine.executor import RealEngine
 from calibrate.engine.gate import chunked_logits_match
 from calibrate.engine.kernels import new_cache, prefill_chunk
 from calibrate.engine.model import HYBRID_CONFIGS, ModelError, build_model
+from calibrate.measure.grid import MLX_TINY
+from calibrate.mlxlm_calibration import calibrate_mlx_lm
 from sim.cost.model import LinearCostModel
+from sim.cost.profile import cost_model, load_profile
 from sim.engine.memory import attention_layers, kv_bytes_per_token, state_bytes_per_request, state_tokens
 from sim.replay import simulate
 from tests.test_engine_real import SETTINGS  # the dense model's settings, run on the hybrid
@@ -106,7 +112,6 @@ def test_a_calibration_of_the_hybrid_prices_its_state(tmp_path, capsys):
     vLLM forward (its fused forward runs dense models only)."""
     from calibrate.calibration import calibrate
     from calibrate.measure.grid import TINY
-    from sim.cost.profile import cost_model, load_profile
     out = tmp_path / "hybrid.json"
     calibrate("qwen3.5-tiny", TINY, out, progress=False)
     prof = load_profile(out)
@@ -134,13 +139,6 @@ def test_batch_generators_calls_on_the_hybrid_are_calibrated_and_confirmed(tmp_p
     """`pdsim calibrate --engine mlx-lm` times BatchGenerator's calls on the hybrid (its prepared batch
     caches hold each row's linear-layer state beside the attention layer's KV), the held-out
     BatchGenerator run is priced call by call, and a confirm on BatchGenerator runs the policy's calls."""
-    import json
-    import subprocess
-    import sys
-
-    from calibrate.measure.grid import MLX_TINY
-    from calibrate.mlxlm_calibration import calibrate_mlx_lm
-    from sim.cost.profile import load_profile
     path = tmp_path / "hybrid-mlx-lm.json"
     calibrate_mlx_lm("qwen3.5-tiny", MLX_TINY, path, progress=False)
     prof = load_profile(path)
