@@ -27,7 +27,7 @@ from calibrate.profiles import refuse_existing, write_profile
 from policies.mlxlm import check_version
 from sim.core.errors import UserError
 from sim.engine.heap import GROUPS
-from sim.engine.memory import attention_layers
+from sim.engine.memory import attention_layers, profile_state_tokens, state_tokens
 from traces.generators import fixed, poisson
 from traces.trace import Trace
 
@@ -80,19 +80,22 @@ def calibrate_mlx_lm(model: str, grid: MlxLmGrid, out: Path, dtype: str = "float
                            after_round=lambda r: runs.run(after[r]), profiler=MlxLmProfiler(lm, grid))
         engine = runs.records()
     groups = attention_layers(lm.config)  # the heap model follows each KV layer's arrays (`sim.engine.heap`)
-    samples += engine_samples(engine, groups)
-    fitted = fitted_profile(samples, engine, seed, groups)
+    states = state_tokens(lm.config, lm.dtype)
+    samples += engine_samples(engine, groups, states)
+    fitted = fitted_profile(samples, engine, seed, groups, states)
     timing = {"build_s": build_s, "calibrate_s": time.perf_counter() - t0}
     # device's `mlx_lm` is the version whose BatchGenerator was timed
     return write_profile(out, lm, quant_bits, host, grid, timing, fitted, samples, engine, partial, overwrite, engine="mlx-lm")
 
 
-def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0, groups: int | None = None) -> dict:
+def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0, groups: int | None = None,
+                   states: int = 0) -> dict:
     """`fit_mlx_lm` of the samples, with the host work between next() calls measured in the
     fitted engine runs, and the held-out runs' share between calls. `groups`: the heap model's
-    (None: a profile that predates it, replayed with `GROUPS`)."""
+    (None: a profile that predates it, replayed with `GROUPS`); `states`: a hybrid model's state
+    per request (`sim.engine.memory.state_tokens`)."""
     logs = {r["name"]: relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"],
-                                groups=groups or GROUPS)
+                                groups=groups or GROUPS, state_tokens=states)
             for r in engine}
     train = [logs[r["name"]] for r in engine if r["part"] == "train"]
     fitted = fit_mlx_lm(samples, iteration_of(train), seed)
@@ -106,9 +109,9 @@ def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0, group
 
 def refit_mlx_lm(prof: dict, seed: int = 0) -> dict:
     """An mlx-lm profile's grid samples and engine runs fitted again (today's KV rules and forms)."""
-    groups = prof["cost"].get("heap_groups")
+    groups, states = prof["cost"].get("heap_groups"), profile_state_tokens(prof)
     samples = [s for s in prof["samples"] if "source" not in s] + engine_samples(prof.get("engine_runs", []),
-                                                                                 groups or GROUPS)
+                                                                                 groups or GROUPS, states)
     prof["samples"] = samples
-    return fitted_profile(samples, prof.get("engine_runs", []), seed, groups)
+    return fitted_profile(samples, prof.get("engine_runs", []), seed, groups, states)
 

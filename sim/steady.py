@@ -18,7 +18,7 @@ from itertools import accumulate, chain
 
 from sim.cost.model import CostModel
 from sim.cost.price import call_costs
-from sim.engine.kvcache import write
+from sim.engine.batchcache import write
 from sim.engine.state import EngineState
 from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
 

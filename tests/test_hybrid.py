@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+from mlx_lm.models.cache import ArraysCache
 
 import policies
 from calibrate.engine.batchgen import run_batch_generator
@@ -20,6 +21,7 @@ from calibrate.mlxlm_calibration import calibrate_mlx_lm
 from sim.cost.model import LinearCostModel
 from sim.cost.profile import cost_model, load_profile
 from sim.engine.memory import attention_layers, kv_bytes_per_token, state_bytes_per_request, state_tokens
+from sim.engine.relog import relog
 from sim.replay import simulate
 from tests.test_engine_real import SETTINGS  # the dense model's settings, run on the hybrid
 from traces.generators import tinyllm
@@ -91,13 +93,34 @@ def test_the_simulator_makes_the_real_engines_calls(lm, setting):
         assert preempted > sum(c.kind == "preempt" for c in simulate(trace, policy, blind).calls)  # the states' share
 
 
-def test_batch_generator_runs_the_hybrid_as_the_policy_says(lm):
-    """mlx-lm's BatchGenerator on the hybrid model, call by call against the mlx-lm policy."""
+def test_batch_generator_runs_the_hybrid_as_the_policy_says(lm, monkeypatch):
+    """mlx-lm's BatchGenerator on the hybrid model, call by call against the mlx-lm policy; the
+    rows' states its `ArraysCache`s gather (`filter`) and concatenate (`extend`) are the ones
+    pdsim's model of its batches counts (`sim.engine.batchcache.BatchCache.states`)."""
+    copied = []
+    filter_, extend = ArraysCache.filter, ArraysCache.extend
+
+    def counted_filter(self, batch_indices):
+        if any(c is not None for c in self.cache):
+            copied.append(len(batch_indices))
+        return filter_(self, batch_indices)
+
+    def counted_extend(self, other):
+        if any(c is not None for c in self.cache + other.cache):
+            copied.append(self.batch_size + other.batch_size)
+        return extend(self, other)
+
+    monkeypatch.setattr(ArraysCache, "filter", counted_filter)
+    monkeypatch.setattr(ArraysCache, "extend", counted_extend)
     trace = tinyllm(7, 1, 70, 1, 9, seed=3, vocab=1024)
     run, check, _ = run_batch_generator(lm, trace, {"policy": "mlx-lm", "prefill_step": 16, "prompt_concurrency": 3,
                                                     "decode_concurrency": 5})
     assert check.ok, (check.policy_mismatches + check.shape_mismatches)[:3]
     assert {rid: len(t) for rid, t in run.outputs.items()} == {r.id: r.output_len for r in trace.requests}
+    linear = lm.config["num_hidden_layers"] - attention_layers(lm.config)  # each linear layer copies its own
+    states = sum(c.written for c in run.log.calls) - sum(c.written for c in relog(trace, run.log).calls)
+    assert sum(copied) % linear == 0 and sum(copied) // linear > 0
+    assert states == sum(copied) // linear * state_tokens(lm.config)
 
 
 def test_vllms_fused_forward_refuses_a_hybrid(lm):

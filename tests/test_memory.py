@@ -215,7 +215,7 @@ def test_a_calls_peak_is_monotone_in_its_chunk_batch_context_and_buffers(model, 
 def test_unaligned_chunks_can_hold_a_larger_buffer():
     """A buffer grows to `offset + 256` when the chunk that overflows it starts off a 256-token
     boundary: a 1-token budget (growth at offset 256: 512 rows) holds one row more than a 3-token
-    one (growth at offset 255: 511 rows), as mlx-lm computes it (`sim.engine.kvcache.write`)."""
+    one (growth at offset 255: 511 rows), as mlx-lm computes it (`sim.engine.batchcache.write`)."""
     trace = Trace([Request("0", 0.0, 257, 2)])
     one, three = (_peak(trace, {"policy": "chunked", "budget": b, "batch_size": 1}) for b in (1, 3))
     assert one - three == MEM.kv_token  # the peak is the first decode's, over the request's own buffer

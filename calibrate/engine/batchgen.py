@@ -39,6 +39,7 @@ from calibrate.engine.mlxlm_batches import G
 from calibrate.engine.model import LoadedModel, reset_peak
 from policies.mlxlm import MlxLm
 from sim.engine.heap import Heap
+from sim.engine.memory import state_tokens
 from sim.engine.state import EngineState
 from sim.engine.work import BatchPrefill, FirstForward, Generate, JoinPrompt, Work
 from traces.trace import Trace
@@ -107,7 +108,7 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, heap: Heap
                            prefill_batch_size=policy.prompt_concurrency, prefill_step_size=policy.prefill_step,
                            stream=mx.default_stream(mx.default_device()))
     watch.gen = gen
-    state, check = EngineState(trace, heap), RunCheck()
+    state, check = EngineState(trace, heap, state_tokens=state_tokens(lm.config, lm.dtype)), RunCheck()
     prompts = {r.id: prompt_tokens(r, lm.vocab_size) for r in trace.requests}
     outputs: dict[str, list[int]] = {r.id: [] for r in trace.requests}
     rid_of: dict[int, str] = {}
@@ -213,7 +214,7 @@ def _apply(state: EngineState, work: list[Work], seen: list[Seen], start: tuple[
 
 def _expected_shape(state: EngineState, w: Work) -> tuple[int, int, int, int]:
     """The model call's input shape and its cache's write position and capacity, by pdsim's KV
-    model (`sim.engine.kvcache.BatchCache`), before the call writes."""
+    model (`sim.engine.batchcache.BatchCache`), before the call writes."""
     kv = state.kv
     if isinstance(w, Generate):
         rows, tokens, c = len(w.rids), 1, kv.gen

@@ -19,7 +19,7 @@ import statistics
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from sim.engine.kvcache import STEP, write
+from sim.engine.batchcache import STEP, write
 from sim.engine.log import EventLog
 from sim.engine.memory import (
     MemoryModel,

@@ -29,8 +29,8 @@ from calibrate.measure.worker import RunFailed, run_fresh, warmup_of
 from sim.core.errors import UserError
 from sim.cost.model import LinearCostModel
 from sim.cost.speed import MachineSpeed
+from sim.engine.batchcache import STEP
 from sim.engine.heap import GROUPS, Heap
-from sim.engine.kvcache import STEP
 from sim.engine.log import Call, EventLog
 from sim.engine.relog import relog, served
 from sim.metrics.residuals import call_kind, size_bucket

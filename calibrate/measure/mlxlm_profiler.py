@@ -5,7 +5,8 @@ call is `PromptProcessingBatch.prompt` (right padding, the model, the roll of th
 generation step `GenerationBatch.next`, a first forward `PromptProcessingBatch.split(...).generate`,
 a join the step after `GenerationBatch.extend`. Their caches are prepared from one prefilled
 master cache (`calibrate.measure.profiler.master_cache`) with room to grow, and the KV token-rows each
-point writes come from pdsim's own KV model (`sim.engine.kvcache.BatchCache`), as for the engine's calls.
+point writes come from pdsim's own KV model (`sim.engine.batchcache.BatchCache`), as for the engine's
+calls, a hybrid model's state copies among them (`state_tokens` token-rows a row's state).
 Each timing ends by synchronizing the stream: the step's forward is pipelined otherwise.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ from calibrate.engine.mlxlm_batches import G
 from calibrate.engine.model import LoadedModel
 from calibrate.measure.grid import MlxLmGrid
 from calibrate.measure.profiler import _state_copy, _timed, master_cache
-from sim.engine.kvcache import BatchCache, write
+from sim.engine.batchcache import BatchCache, write
+from sim.engine.memory import state_tokens
 
 MAX_TOKENS = 1 << 20  # a prepared row never finishes while timed
 
@@ -70,6 +72,7 @@ class MlxLmProfiler:
     def __init__(self, lm: LoadedModel, grid: MlxLmGrid):
         self.lm, self.grid, self.model = lm, grid, lm.model
         self.master = None
+        self.state = state_tokens(lm.config, lm.dtype)
         rng = random.Random(1)
         self.ids = [rng.randrange(lm.vocab_size) for _ in range(max(max(p) for p in grid.prompts))]
 
@@ -104,7 +107,7 @@ class MlxLmProfiler:
         mirror.roll([longest - n for n in chunks])
         tokens = [self.ids[:n] for n in chunks]
         dt, faults = _timed_faults(lambda: (pb.prompt(tokens), mx.synchronize()))
-        return dt, {"rows": len(chunks), "chunk": longest, "written": sum(mirror.owed),
+        return dt, {"rows": len(chunks), "chunk": longest, "written": self._written(mirror),
                     "contexts": [idx] * len(chunks), "faults": faults}
 
     def _generation_batch(self, rows: int, context: int):
@@ -125,7 +128,7 @@ class MlxLmProfiler:
             split.update(1)
             dt, faults = _timed_faults(lambda: (pb.split(list(range(b))).generate([[1] for _ in range(b)]),
                                                 mx.synchronize()))
-            return dt, {"context_max": x, "contexts": [x] * b, "written": sum(split.owed), "first": True,
+            return dt, {"context_max": x, "contexts": [x] * b, "written": self._written(split), "first": True,
                         "faults": faults}
         gb = self._generation_batch(b, x)
         mirror = BatchCache([str(i) for i in range(b)], [0] * b, x - 1, _room(x), True)
@@ -138,4 +141,8 @@ class MlxLmProfiler:
         mirror.update(1)
         dt, faults = _timed_faults(lambda: (gb.next(), mx.synchronize()))
         return dt, {"batch": len(contexts), "context_max": max(contexts), "contexts": contexts,
-                    "written": sum(mirror.owed), "first": False, "joined": p.get("joining", 0), "faults": faults}
+                    "written": self._written(mirror), "first": False, "joined": p.get("joining", 0), "faults": faults}
+
+    def _written(self, mirror: BatchCache) -> int:
+        """Token-rows a call evaluating `mirror` writes: its owed arrays and its rows' states."""
+        return sum(mirror.owed) + mirror.states * self.state

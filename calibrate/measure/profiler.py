@@ -25,7 +25,7 @@ from calibrate.engine.mixed import mixed_forward
 from calibrate.engine.model import LoadedModel
 from calibrate.measure.grid import Grid
 from calibrate.measure.journal import Journal
-from sim.engine.kvcache import write
+from sim.engine.batchcache import write
 from traces.generators import tinyllm
 
 

@@ -40,7 +40,7 @@ class JoinPrompt(NamedTuple):
     """Requests leave the waiting queue for the end of mlx-lm's prompt batch, in this order. No
     model call and no log entry: the merged caches are empty, and the copy of the batch cache it
     implies (`extend`) is lazy, paid by the next call that evaluates the prompt batch
-    (`sim.engine.kvcache.BatchCache`)."""
+    (`sim.engine.batchcache.BatchCache`)."""
     rids: tuple[str, ...]
 
 
