@@ -10,7 +10,7 @@ from pathlib import Path
 from sim.commands.common import seed_int, whole
 from sim.core.errors import InputError
 from sim.core.files import check_output
-from sim.cost.noise import NOISY, CallNoise
+from sim.cost.noise import DISTURBED, NOISY, CallNoise
 from sim.predict import REPLICAS
 from traces.schema import MAX_TOKENS
 
@@ -153,8 +153,8 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
     if len(speed) > 1:
         drift = max(speed) / min(speed) - 1
         print(f"  machine speed by round (timing / median): {' '.join(f'{x:.2f}' for x in speed)}; drift {drift:.0%}"
-              + ("; above 10%: something else ran, or the machine is shared; calibrate again on a quiet machine"
-                 if drift > 0.10 else ""))
+              + (f"; above {DISTURBED - 1:.0%}: something else ran, or the machine is shared; calibrate again on a "
+                 "quiet machine" if drift > DISTURBED - 1 else ""))
     noise = CallNoise.from_json(prof["fit"].get("noise"))
     if noise is not None:
         print(f"  call noise (a timing over its point's median; confirm replays {REPLICAS} times with it): "
