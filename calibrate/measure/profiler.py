@@ -290,9 +290,9 @@ def disturbed(done: dict, points: list[dict], rounds) -> tuple[int, float] | Non
     """The round that ran slowest against the others, and by how much (the median over points of
     its time over the point's fastest time in the other rounds), if that is `DISTURBED` or more:
     another process only ever slows a call, so a whole round slower than the rest was disturbed.
-    The calibration's summary calls a drift above the same bound disturbed (`pdsim calibrate`): at
-    1.25, a round 1.17x slower (qwen3.5-0.8b, 2026-12-07) was fitted as if quiet, and its held-out
-    engine run's decodes were priced at 0.82x."""
+    The calibration's summary calls a drift above the same bound disturbed (`pdsim calibrate`):
+    at 1.25, a round that ran 1.17x slow (qwen3.5-0.8b, 2026-12-07) was fitted as if quiet, and
+    its held-out engine run's decodes were priced at 0.82x."""
     worst = None
     for r in rounds:
         ratios = [done[p["key"], r]["seconds"] / min(done[p["key"], o]["seconds"] for o in rounds
