@@ -11,6 +11,7 @@ fitted, whose calls the fitted model prices by kind. The profile prices mlx-lm's
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -99,12 +100,26 @@ def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0, group
             for r in engine}
     train = [logs[r["name"]] for r in engine if r["part"] == "train"]
     fitted = fit_mlx_lm(samples, iteration_of(train), seed)
+    host = host_parts([r["log"] for r in engine if r["part"] == "train"])
+    if host:
+        fitted["cost"]["mlx_lm"]["host"] = host
     if groups is not None:
         fitted["cost"]["heap_groups"] = groups
     if "replay" in fitted["fit"]:
         fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
             [logs[r["name"]] for r in engine if r["part"] == "held_out"])
     return fitted
+
+
+def host_parts(logs: list[dict]) -> dict[str, float]:
+    """The host's part of each kind of call (`sim.engine.pipeline`): the median over the runs
+    that measured it (`EventLog.host_parts`; none in runs from before it, whose profiles then
+    price calls one after another)."""
+    parts: dict[str, list[float]] = {}
+    for log in logs:
+        for kind, v in (log.get("host_parts") or {}).items():
+            parts.setdefault(kind, []).append(v)
+    return {k: statistics.median(v) for k, v in parts.items()}
 
 
 def refit_mlx_lm(prof: dict, seed: int = 0) -> dict:

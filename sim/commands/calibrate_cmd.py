@@ -241,6 +241,9 @@ def report_mlx_lm(m: dict) -> None:
               f"{remainder_text(pr['remainder'])}")
     print(f"  mlx-lm KV buffer written {m['copy'] * 1e6:.1f} us per token-row (fresh: {m['fresh'] * 1e6:.1f} us "
           f"more); host work between next() calls {m['iteration'] * 1e3:.2f} ms")
+    if m.get("host"):
+        parts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(m["host"].items()))
+        print(f"  mlx-lm host part of each call (next() builds it while the device runs the one before): {parts}")
 
 
 def report_change(before: dict, after: dict) -> None:

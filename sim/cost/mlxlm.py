@@ -37,6 +37,9 @@ class MlxLmCosts:
     prompt_tile: int = 0  # rows*L beyond a multiple of this run slower kernels (0: no such term)
     prompt_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the call]
     first_copy: float | None = None  # per token-row a first forward writes (None: `copy`; older profiles set it)
+    # seconds of a call's price the host spends building its graph, by kind: next() overlaps it with
+    # the device's work (`sim.engine.pipeline`); None: a profile before it, its calls one after another
+    host: dict[str, float] | None = None
 
     def copies(self, kind: str, written: int, fresh: int) -> float:
         """A call's KV copies: its rows written, and the ones of them in fresh memory at the
@@ -76,4 +79,5 @@ def mlx_lm_costs(m: dict) -> MlxLmCosts:
                       Curve.from_pairs(st.get("dense")), float(st.get("knot") or "inf"), float(st.get("first", 0.0)),
                       float(m.get("copy", 0.0)), float(m.get("fresh", 0.0)), float(m.get("iteration", 0.0)),
                       int(pr.get("tile", 0)), tuple(map(float, pr.get("remainder", (0.0, 0.0)))),
-                      None if m.get("first_copy") is None else float(m["first_copy"]))
+                      None if m.get("first_copy") is None else float(m["first_copy"]),
+                      {k: float(v) for k, v in m["host"].items()} if m.get("host") else None)

@@ -77,10 +77,26 @@ def timed_calls(log: EventLog) -> Iterator[tuple[Call, int | None]]:
             yield c, n
 
 
+def priced_calls(log: EventLog, cost: CostModel) -> Iterator[tuple[Call, int | None, float]]:
+    """`timed_calls` with each one's predicted seconds: its price, or in a run that pipelined mlx-lm's
+    next() (`EventLog.pipelined`), the host span `sim.engine.pipeline` gives it from its measured
+    start, with the device's queue as the model ran it: what the replay would have logged."""
+    pipe = cost.pipeline("mlx-lm") if log.pipelined else None
+    if pipe is None:
+        for c, n in timed_calls(log):
+            yield c, n, price_call(cost, c)
+        return
+    faults = log.faults if log.faults is not None else [None] * log.call_count
+    for c, n in zip(log.calls, faults):
+        span = pipe.call(c.kind, c.start, price_call(cost, c)) - c.start
+        if c.end > c.start:
+            yield c, n, span
+
+
 def call_ratios(logs: list[EventLog], cost: CostModel) -> list[tuple[str, str, float]]:
     """(kind, size bucket, predicted/measured) for every call of every log."""
-    return [(call_kind(c), size_bucket(c.kind, c.tokens, len(c.rids)), price_call(cost, c) / (c.end - c.start))
-            for log in logs for c, _ in timed_calls(log)]
+    return [(call_kind(c), size_bucket(c.kind, c.tokens, len(c.rids)), p / (c.end - c.start))
+            for log in logs for c, _, p in priced_calls(log, cost)]
 
 
 def residual_table(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:
@@ -97,10 +113,10 @@ def residual_table(logs: list[EventLog], cost: CostModel, by_size: bool = True) 
         faulted: dict[tuple[str, str], list[float]] = {}
         fresh: dict[tuple[str, str], list[tuple[int, float]]] = {}
         for log in counted:
-            for c, n in timed_calls(log):
+            for c, n, p in priced_calls(log, cost):
                 key = (call_kind(c), size_bucket(c.kind, c.tokens, len(c.rids)) if by_size else "all")
                 if n >= FAULTED:
-                    faulted.setdefault(key, []).append(price_call(cost, c) / (c.end - c.start))
+                    faulted.setdefault(key, []).append(p / (c.end - c.start))
                 if row_bytes:
                     fresh.setdefault(key, []).append((c.fresh, n * log.fault_bytes / row_bytes))
         for row in rows:
