@@ -45,6 +45,9 @@ def test_the_profile_prices_batch_generators_calls(profile):
     assert prof["cost"]["mlx_lm"]["iteration"] >= 0
     host = prof["cost"]["mlx_lm"]["host"]  # each kind's host part, from the fitted runs (`sim.engine.pipeline`)
     assert set(host) == {"prompt", "first", "generate"} and all(v > 0 for v in host.values())
+    piped = prof["fit"]["pipelined_replay"]  # a held-out run served as the server serves, priced as simulated
+    assert {r["kind"] for r in piped["by_kind"]} >= {"prompt", "first", "generate"} and piped["calls"] > 0
+    assert not any(s.get("source", "").endswith("pipelined-held-out") for s in prof["samples"])  # not call times
     # the calibrated forms price mlx-lm's calls; pdsim's policies are refused with this profile
     cost = cost_model(prof)
     section = prof["cost"]["mlx_lm"]["prompt"]  # knots at the grid's sizes (the tile's multiples), never falling

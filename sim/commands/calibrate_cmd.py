@@ -168,6 +168,8 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
     if "decode" not in c:
         if "replay" in prof["fit"]:
             report_replay(prof["fit"]["replay"])
+        if "pipelined_replay" in prof["fit"]:
+            report_pipelined(prof["fit"]["pipelined_replay"])
         print(f"wrote {prof['_path']}")
         return
     d, pf = c["decode"], c["prefill"]
@@ -257,6 +259,15 @@ def report_change(before: dict, after: dict) -> None:
         if r["kind"] in old:
             print(f"    engine replay {r['kind']:8s} median |error| {old[r['kind']]['abs_error_median']:.1%} -> "
                   f"{r['abs_error_median']:.1%}")
+
+
+def report_pipelined(r: dict) -> None:
+    """The held-out run served as mlx_lm.server serves (pipelined), each call's span as the simulator times it."""
+    print(f"  engine replay, held out, pipelined as the server runs ({r['calls']} calls; a call's span, "
+          "host time): predicted/measured by call kind")
+    for row in r["by_kind"]:
+        print(f"    {row['kind']:8s} {row['calls']:4d} calls  median {row['ratio_median']:.3f}  "
+              f"p10..p90 {row['ratio_p10']:.3f}..{row['ratio_p90']:.3f}  median |error| {row['abs_error_median']:.1%}")
 
 
 def report_replay(r: dict) -> None:
