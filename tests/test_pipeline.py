@@ -148,3 +148,4 @@ def test_steady_stretches_write_the_call_by_call_log(trace, opts, part):
     one_by_one = simulate(trace, policies.make("mlx-lm", **opts), cost, steady=False)
     assert bulk.calls == one_by_one.calls
     assert bulk.tokens == one_by_one.tokens
+

@@ -144,3 +144,39 @@ def summarize(ratios: list[tuple[str, str, float]], by_size: bool = True) -> lis
                      "ratio_p90": float(np.quantile(a, 0.9)), "ratio_p10": float(np.quantile(a, 0.1)),
                      "abs_error_median": float(np.median(np.abs(a - 1)))})
     return rows
+
+
+STRETCH = 15  # calls in a row whose median sets a stretch apart from its run
+OFF = 0.10  # how far from the run's own pace (the DISTURBED bound of `sim.cost.noise`)
+
+
+def off_stretches(log: EventLog, cost: CostModel, calls: int = STRETCH, off: float = OFF) -> list[dict]:
+    """Where a measured run's calls ran away from the run's own pace (predicted/measured over all its
+    calls' median) by `off` or more, over `calls` calls in a row or more: each stretch's start and
+    end (seconds), calls, median ratio against the run's, and that by call kind. Every kind off
+    alike is the host: a shared VM slows for 20-60 s at a time, which the speed probes around a run
+    do not see, and a run's tails land where it did. One kind off alone is its price."""
+    priced = [(c, p / (c.end - c.start)) for c, _, p in priced_calls(log, cost)]
+    if len(priced) < 2 * calls:
+        return []
+    pace = float(np.median([r for _, r in priced]))
+    rel = np.array([r for _, r in priced]) / pace
+    window = np.median(np.lib.stride_tricks.sliding_window_view(rel, calls), axis=1)  # window i: calls i..i+calls-1
+    out, i = [], 0
+    while i < len(window):
+        if abs(window[i] - 1) < off:
+            i += 1
+            continue
+        j, slow = i, window[i] < 1
+        while j + 1 < len(window) and abs(window[j + 1] - 1) >= off and (window[j + 1] < 1) == slow:
+            j += 1
+        lo, hi = i + calls // 2, j + calls // 2 + 1  # the flagged windows' middle calls
+        part = priced[lo:hi]
+        kinds: dict[str, list[float]] = {}
+        for c, r in part:
+            kinds.setdefault(call_kind(c), []).append(r / pace)
+        out.append({"start_s": part[0][0].start, "end_s": part[-1][0].end, "calls": len(part),
+                    "ratio": float(np.median(rel[lo:hi])),
+                    "by_kind": {k: float(np.median(v)) for k, v in kinds.items()}})
+        i = j + 1
+    return out
