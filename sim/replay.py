@@ -117,7 +117,7 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
                         sync, seconds = sync * f, seconds * f
                     start, synced, end = t + overhead, t + (overhead + sync), t + (overhead + (sync + seconds))
                     if pipe is not None:
-                        end = pipe.work(item, start, sync + seconds)
+                        end = pipe.work(item, start, sync + seconds, state.ready)
                     state.apply(item, start, end, synced)
                     t, overhead = end, 0.0
             arrival = state.next_arrival

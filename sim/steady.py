@@ -19,7 +19,7 @@ from itertools import accumulate, chain
 from sim.cost.model import CostModel
 from sim.cost.price import call_costs
 from sim.engine.batchcache import write
-from sim.engine.pipeline import Pipeline
+from sim.engine.pipeline import KIND, Pipeline
 from sim.engine.state import EngineState
 from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
 
@@ -183,7 +183,7 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
         return None
     n, overhead = len(columns), cost.iteration if overhead is None else overhead
     if pipe is not None:
-        return _pipelined(pipe, work[0], columns[0], t0, overhead, end)
+        return _pipelined(pipe, work[0], columns[0], t0, overhead, end, state)
     columns[0] = [overhead + c for c in columns[0]]  # host work before each iteration's first call
     clock = list(accumulate(chain.from_iterable(zip(*columns)) if n > 1 else columns[0], initial=t0))  # call k's turn
     if end is not None:  # iteration j starts at clock[j * n]; keep those before the end
@@ -194,15 +194,17 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
     return starts, [clock[i + 1:steps * n + 1:n] for i in range(n)], synced
 
 
-def _pipelined(pipe: Pipeline, w: Work, costs: list[float], t: float, overhead: float, end: float | None
-               ) -> tuple[list[list[float]], list[list[float]], list[float | None]]:
-    """`steady_times` of one call an iteration on mlx-lm's pipeline: step by step, with the
-    call-by-call replay's operations, so both give the same floats."""
+def _pipelined(pipe: Pipeline, w: Work, costs: list[float], t: float, overhead: float, end: float | None,
+               state: EngineState) -> tuple[list[list[float]], list[list[float]], list[float | None]]:
+    """`steady_times` of one generation step an iteration on mlx-lm's pipeline: step by step, with
+    the call-by-call replay's operations, so both give the same floats (rows leave after the step
+    in which the first of them gets its last token, at the earliest the stretch's last)."""
+    kind, last = KIND[type(w)], min(state.ready[r].output_left for r in w.rids) - 1
     starts, ends = [], []
     for j, c in enumerate(costs):
         if j and end is not None and t >= end:
             break
         starts.append(t + overhead)
-        t = pipe.work(w, t + overhead, c)
+        t = pipe.call(kind, t + overhead, c, j == last)
         ends.append(t)
     return [starts], [ends], [None]

@@ -46,12 +46,27 @@ def test_the_first_token_comes_when_the_first_forward_has_run():
     assert pipe.device == 5.0 and pipe.pending == 5.0
 
 
+def test_a_step_rows_leave_waits_for_its_own_forward():
+    # the batch's filter reads its padding, which waits for the queued forward (device until 5);
+    # the step after finds its tokens ready and returns once built: 1 s later, where steps come 2 s apart
+    pipe, back = Pipeline({"generate": 1.0}), []
+    for leaving in (False, True, False):
+        back.append(pipe.call("generate", back[-1] if back else 0.0, 3.0, leaving))
+    assert back == [1.0, 5.0, 6.0]
+
+
+def test_a_first_forward_is_built_when_the_device_is_idle():
+    # split off the prompt batch, whose filters wait for the step queued before it (until 3)
+    pipe = Pipeline({"generate": 1.0, "first": 1.0})
+    assert returns(pipe, [("generate", 3.0), ("first", 3.0)]) == [1.0, 4.0] and pipe.device == 6.0
+
+
 def test_a_host_part_above_the_price_is_the_whole_price():
     assert returns(Pipeline({"generate": 5.0}), [("generate", 2.0)] * 2) == [2.0, 4.0]
 
 
 calls = st.lists(st.tuples(st.sampled_from(["generate", "first", "prompt"]), st.floats(1e-4, 0.5),
-                           st.floats(0, 0.5)), min_size=1, max_size=30)
+                           st.floats(0, 0.5), st.booleans()), min_size=1, max_size=30)
 hosts = st.fixed_dictionaries({k: st.floats(0, 0.1) for k in ("generate", "first", "prompt")})
 
 
@@ -62,9 +77,9 @@ def test_never_later_than_one_call_after_another(seq, host):
     run one after another, never before the host has built the call, and the device runs
     every call's device part, one at a time."""
     pipe, t, synced, device_work = Pipeline(host), 0.0, 0.0, 0.0
-    for kind, seconds, between in seq:
+    for kind, seconds, between, leaving in seq:
         t, synced = t + between, synced + between
-        back = pipe.call(kind, t, seconds)
+        back = pipe.call(kind, t, seconds, leaving)
         own = min(host[kind], seconds)
         assert back >= t + own - 1e-12
         synced += seconds

@@ -1,14 +1,18 @@
 """mlx-lm's `next()` as `mlx_lm.server` runs it: the host builds each call's graph while the device
 still runs the calls before it.
 
-BatchGenerator never waits for the step it has just queued. A generation step builds its forward,
+BatchGenerator does not wait for the step it has just queued. A generation step builds its forward,
 queues it (`mx.async_eval`) and then waits only for the tokens of the forward before it, which it
 returns; a first forward is queued and not waited for; a prompt call waits for everything queued
-(it evaluates the cache). So on a device that runs calls in order, a call's time splits in two:
-the host's part (building the graph: Python, a roughly constant time per kind of call) and the
-device's (the rest of what the call costs when timed on its own, synchronized). A decode-only
-iteration then lasts the longer of the device's step and the host's work, not their sum: on a GPU
-the host's part is a large share of a short step, on this 2-vCPU CPU a few percent of qwen3-0.6b's.
+(it evaluates the cache). Two things wait for the device besides: a batch's `filter` reads its
+rows' padding (`BatchKVCache.filter`: `left_padding.tolist()`), which on a stream that runs in
+order waits for all that is queued; so a step that some rows leave returns only when its own
+forward has run, and a first forward (split off the prompt batch, both sides filtered) is built
+only when the device is idle. So a call's time splits in two: the host's part (building the
+graph: Python, a roughly constant time per kind of call) and the device's (the rest of what the
+call costs when timed on its own, synchronized). A run of steps goes at the pace of the slower of
+the two, not their sum: on a GPU the host's part is a large share of a short step, on this
+2-vCPU CPU a few percent of qwen3-0.6b's.
 
 `Pipeline` keeps the two clocks for one run: `call` takes the host's time at a call's start and
 the call's price, and returns the host's time when the call returns, which is when the next call
@@ -17,6 +21,7 @@ starts (its logged span is host time, as the real run's marks are: `calibrate.en
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Iterator
 
 from sim.engine.work import BatchPrefill, FirstForward, Generate, Work
 
@@ -29,22 +34,42 @@ class Pipeline:
     device: float = 0.0  # when the device has run everything queued
     pending: float = 0.0  # when the tokens the next generation step returns are computed
 
-    def call(self, kind: str, start: float, seconds: float) -> float:
+    def call(self, kind: str, start: float, seconds: float, leaving: bool = False) -> float:
         """A call of `kind` ("generate", "first" or "prompt") priced `seconds`, its host part
-        starting at `start`: the host's time when it returns."""
+        starting at `start`: the host's time when it returns. `leaving`: rows leave the
+        generation batch after this step (its filter waits for the device)."""
         if not seconds:  # a join: its copies are lazy, paid by the call that evaluates them
             return start
+        if kind == "first":  # split off the prompt batch: its filters waited for the device
+            start = max(start, self.device)
         host = min(self.host.get(kind, 0.0), seconds)
         t = start + host
         self.device = max(t, self.device) + (seconds - host)
         if kind == "generate":  # returns the previous forward's tokens, queues its own
-            t, self.pending = max(t, self.pending), self.device
+            t, self.pending = (self.device if leaving else max(t, self.pending)), self.device
         elif kind == "first":  # the next step returns its tokens too
             self.pending = self.device
         elif kind == "prompt":  # evaluates the batch's cache
             t = self.device
         return t
 
-    def work(self, w: Work, start: float, seconds: float) -> float:
-        """`call` for the engine's work item `w` (`sim.engine.work`)."""
-        return self.call(KIND.get(type(w), ""), start, seconds)
+    def work(self, w: Work, start: float, seconds: float, ready: dict) -> float:
+        """`call` for the engine's work item `w` (`sim.engine.work`); `ready`: the engine state's
+        generating requests before the call (`EngineState.ready`), which say who leaves after it."""
+        leaving = isinstance(w, Generate) and any(ready[r].output_left == 1 for r in w.rids)
+        return self.call(KIND.get(type(w), ""), start, seconds, leaving)
+
+
+def logged_returns(pipe: Pipeline, calls: Iterable, prices: Iterable[float], outputs: dict[str, int]
+                   ) -> Iterator[float]:
+    """Each logged call's return on the host as `pipe` times it from the call's measured start
+    (`sim.metrics.residuals.priced_calls`); `outputs`: each request's output length, which says
+    which steps rows leave after."""
+    given: dict[str, int] = {}
+    for c, seconds in zip(calls, prices):
+        leaving = False
+        if c.kind == "generate":
+            for r in c.rids:
+                given[r] = given.get(r, 0) + 1
+                leaving = leaving or given[r] == outputs[r]
+        yield pipe.call(c.kind, c.start, seconds, leaving)

@@ -16,6 +16,7 @@ import numpy as np
 from sim.cost.model import CostModel
 from sim.cost.price import price
 from sim.engine.log import Call, EventLog
+from sim.engine.pipeline import logged_returns
 
 FAULTED = 256  # minor faults (1 MiB of 4 KiB pages) from which a call counts as having met fresh memory
 TILE = 16  # a chunk of a multiple of this many rows runs the BLAS's fast kernels (see calibrate/measure/grid.py)
@@ -87,10 +88,11 @@ def priced_calls(log: EventLog, cost: CostModel) -> Iterator[tuple[Call, int | N
             yield c, n, price_call(cost, c)
         return
     faults = log.faults if log.faults is not None else [None] * log.call_count
-    for c, n in zip(log.calls, faults):
-        span = pipe.call(c.kind, c.start, price_call(cost, c)) - c.start
+    calls, outputs = log.calls, {r: q.output_len for r, q in log.requests.items()}
+    returns = logged_returns(pipe, calls, (price_call(cost, c) for c in calls), outputs)
+    for c, n, back in zip(calls, faults, returns):
         if c.end > c.start:
-            yield c, n, span
+            yield c, n, back - c.start
 
 
 def call_ratios(logs: list[EventLog], cost: CostModel) -> list[tuple[str, str, float]]:
