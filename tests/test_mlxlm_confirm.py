@@ -45,6 +45,7 @@ def test_the_profile_prices_batch_generators_calls(profile):
     assert prof["cost"]["mlx_lm"]["iteration"] >= 0
     host = prof["cost"]["mlx_lm"]["host"]  # each kind's host part, from the fitted runs (`sim.engine.pipeline`)
     assert set(host) == {"prompt", "first", "generate"} and all(v > 0 for v in host.values())
+    assert set(prof["cost"]["mlx_lm"]["tail"]) == {"first", "generate"}  # what was left of a call when queued
     piped = prof["fit"]["pipelined_replay"]  # a held-out run served as the server serves, priced as simulated
     assert {r["kind"] for r in piped["by_kind"]} >= {"prompt", "first", "generate"} and piped["calls"] > 0
     assert not any(s.get("source", "").endswith("pipelined-held-out") for s in prof["samples"])  # not call times

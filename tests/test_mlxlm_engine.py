@@ -76,8 +76,8 @@ def test_spread_arrivals_meet_a_busy_generator(lm):
 def test_pipelined_as_the_server_runs_it(lm, trace):
     """Nothing synchronized (`pipelined`): the policy still asks for every call the generator
     makes, and the tokens are a synchronized run's. A synchronized run measures the host's part
-    of each kind of call (`sim.engine.pipeline`): some of its span, not all; mlx's `async_eval`
-    is its own again after either run."""
+    of each kind of call (`sim.engine.pipeline`): some of its span, not all, and the call's time
+    left when queued; mlx's `async_eval` is its own again after either run."""
     import statistics
 
     import mlx.core as mx
@@ -93,6 +93,10 @@ def test_pipelined_as_the_server_runs_it(lm, trace):
     for kind, part in host.items():
         span = statistics.median(c.end - c.start for c in synced.log.calls if c.kind == kind)
         assert 0 < part < span, (kind, part, span)
+    # and what was left of a step or first forward when it was queued (a prompt call waits for all)
+    tails = synced.log.queue_tails
+    assert set(tails) == {"generate", "first"} and all(0 <= v < 1 for v in tails.values())
+    assert piped.log.queue_tails == {}  # pipelined, a call's span is not its own time
 
 
 def _real_sizes(gen) -> dict:

@@ -61,6 +61,16 @@ def test_a_first_forward_is_built_when_the_device_is_idle():
     assert returns(pipe, [("generate", 3.0), ("first", 3.0)]) == [1.0, 4.0] and pipe.device == 6.0
 
 
+def test_queueing_returns_when_the_device_has_its_tail_left():
+    # MLX bounds the tasks in flight: `mx.async_eval` returns once only the call's last 1 s is left.
+    # Steps of 4 s (0.5 of it on the host) come at the device's pace (3.5 s), each 1 s before its
+    # own forward ends (at 4, 7.5, 11)
+    pipe = Pipeline({"generate": 0.5}, {"generate": 1.0})
+    assert returns(pipe, [("generate", 4.0)] * 3) == [3.0, 6.5, 10.0]
+    # without the bound, next() returns the previous step's tokens as soon as it has queued its own
+    assert returns(Pipeline({"generate": 0.5}), [("generate", 4.0)] * 3) == [0.5, 4.0, 7.5]
+
+
 def test_a_host_part_above_the_price_is_the_whole_price():
     assert returns(Pipeline({"generate": 5.0}), [("generate", 2.0)] * 2) == [2.0, 4.0]
 
@@ -68,15 +78,16 @@ def test_a_host_part_above_the_price_is_the_whole_price():
 calls = st.lists(st.tuples(st.sampled_from(["generate", "first", "prompt"]), st.floats(1e-4, 0.5),
                            st.floats(0, 0.5), st.booleans()), min_size=1, max_size=30)
 hosts = st.fixed_dictionaries({k: st.floats(0, 0.1) for k in ("generate", "first", "prompt")})
+tails = st.dictionaries(st.sampled_from(["generate", "first"]), st.floats(0, 0.5))
 
 
 @settings(max_examples=300, deadline=None)
-@given(calls, hosts)
-def test_never_later_than_one_call_after_another(seq, host):
+@given(calls, hosts, tails)
+def test_never_later_than_one_call_after_another(seq, host, tail):
     """With the same host work between calls, next() pipelined returns no later than the calls
     run one after another, never before the host has built the call, and the device runs
     every call's device part, one at a time."""
-    pipe, t, synced, device_work = Pipeline(host), 0.0, 0.0, 0.0
+    pipe, t, synced, device_work = Pipeline(host, tail), 0.0, 0.0, 0.0
     for kind, seconds, between, leaving in seq:
         t, synced = t + between, synced + between
         back = pipe.call(kind, t, seconds, leaving)

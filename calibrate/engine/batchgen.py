@@ -51,8 +51,8 @@ from traces.trace import Trace
 @dataclass
 class Seen:
     """One model call as the generator made it: its kind, input shape, cache position and capacity,
-    start, the process's minor page faults at its start (`EventLog.faults`), and the host's time
-    building and queueing it."""
+    start, the process's minor page faults at its start (`EventLog.faults`), and the host's part
+    of it (`sim.engine.pipeline`)."""
     kind: str  # "generate", "first" or "prompt"
     rows: int
     tokens: int
@@ -60,7 +60,9 @@ class Seen:
     cap: int
     at: float
     faults: int
-    built: float | None = None
+    cpu: float = 0.0  # the host thread's CPU time at its start
+    built: float | None = None  # the host thread's CPU time building and queueing it (waits take none)
+    queued: float | None = None  # seconds from its start to `mx.async_eval` returning
 
 
 class CallWatch:
@@ -87,17 +89,18 @@ class CallWatch:
             "generate" if cache is g._generation_batch.prompt_cache else "first"
         c = first_kv(cache)
         seen = Seen(kind, inputs.shape[0], inputs.shape[1], c._idx, c.keys.shape[2] if c.keys is not None else 0, at,
-                    minor_faults())
+                    minor_faults(), time.thread_time())
         self.seen.append(seen)
         out = self._model(inputs, cache=cache)
         if kind == "prompt":  # evaluated at once (`PromptProcessingBatch.prompt`): its graph is its host part
-            seen.built = self._clock() - at
+            seen.built = time.thread_time() - seen.cpu
         return out
 
     def queued(self) -> None:
         """The generator's `mx.async_eval` returned: a step's or first forward's host part ends."""
-        if self.seen and self.seen[-1].built is None:
-            self.seen[-1].built = self._clock() - self.seen[-1].at
+        seen = self.seen[-1] if self.seen else None
+        if seen is not None and seen.built is None:
+            seen.built, seen.queued = time.thread_time() - seen.cpu, self._clock() - seen.at
 
 
 def _watch_queue(watch: CallWatch):
@@ -148,7 +151,8 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, heap: Heap
     foreign = reset_peak(lm)  # this run's peak, as pdsim's executor takes it (`sim.engine.memory` predicts it)
     state.log.faults, state.log.fault_bytes = [], resource.getpagesize()
     state.log.pipelined = pipelined
-    built: dict[str, list[float]] = {}
+    built: dict[str, list[float]] = {}  # the host's part of each call, by kind
+    tails: dict[str, list[float]] = {}  # what was left of each synchronized call when it was queued
     restore = _watch_queue(watch)
     try:
         while not state.done:
@@ -173,8 +177,10 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, heap: Heap
             if not pipelined:
                 mx.synchronize(gen.stream)
             end, end_faults = clock(), minor_faults()
-            for seen in watch.seen:
+            for seen, after in zip(watch.seen, [x.at for x in watch.seen[1:]] + [end]):
                 built.setdefault(seen.kind, []).append(seen.built)
+                if seen.queued is not None and not pipelined:  # the call's device time left when queued
+                    tails.setdefault(seen.kind, []).append(after - seen.at - seen.queued)
             work = _observed(state, prompt_out, gen_out, rid_of, done)
             if asked != work:
                 check.policy_mismatches.append(f"iteration {state.iteration}: BatchGenerator ran {work}, "
@@ -191,6 +197,7 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, heap: Heap
     state.log.peak_memory = float(mx.get_peak_memory() - foreign)
     add_faults(state.log, state.log.call_count, [])
     state.log.host_parts = {k: statistics.median(v) for k, v in built.items() if None not in v}
+    state.log.queue_tails = {k: statistics.median(v) for k, v in tails.items()}
     return RealRun(state.log, outputs, idle, inserted), check, state.kv.released()
 
 

@@ -245,7 +245,9 @@ def report_mlx_lm(m: dict) -> None:
           f"more); host work between next() calls {m['iteration'] * 1e3:.2f} ms")
     if m.get("host"):
         parts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(m["host"].items()))
-        print(f"  mlx-lm host part of each call (next() builds it while the device runs the one before): {parts}")
+        tails = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted((m.get("tail") or {}).items()))
+        print(f"  mlx-lm host part of each call (next() builds it while the device runs the one before): {parts}"
+              + (f"; device time left of it when queued: {tails}" if tails else ""))
 
 
 def report_change(before: dict, after: dict) -> None:

@@ -171,7 +171,7 @@ class LinearCostModel:
         return self.mlx.iteration if engine == "mlx-lm" and self.mlx is not None else self.iteration
 
     def pipeline(self, engine: str) -> Pipeline | None:
-        return Pipeline(dict(self.mlx.host)) if engine == "mlx-lm" and self.mlx is not None and self.mlx.host else None
+        return self.mlx.pipeline() if engine == "mlx-lm" and self.mlx is not None else None
 
     def mixed(self, chunks: Sequence[int], prefixes: Sequence[int]) -> float:
         total = sum(chunks)

@@ -112,6 +112,7 @@ class EventLog:
     # span from its start on the host to the next one's (`sim.engine.pipeline`), not its own time
     pipelined: bool = False
     host_parts: dict[str, float] | None = None  # a real mlx-lm run's median host part by call kind (the same)
+    queue_tails: dict[str, float] | None = None  # and, synchronized, its calls' time left when queued
 
     def add(self, call: Call) -> None:
         self._parts[-1].append(call)
@@ -197,6 +198,7 @@ class EventLog:
             **({"faults": self.faults, "fault_bytes": self.fault_bytes} if self.faults is not None else {}),
             **({"pipelined": True} if self.pipelined else {}),
             **({"host_parts": self.host_parts} if self.host_parts else {}),
+            **({"queue_tails": self.queue_tails} if self.queue_tails else {}),
         }
 
     @staticmethod
@@ -214,4 +216,5 @@ class EventLog:
         log.fault_bytes = d.get("fault_bytes", 4096)
         log.pipelined = bool(d.get("pipelined", False))
         log.host_parts = d.get("host_parts")
+        log.queue_tails = d.get("queue_tails")
         return log

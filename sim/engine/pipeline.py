@@ -8,11 +8,15 @@ returns; a first forward is queued and not waited for; a prompt call waits for e
 rows' padding (`BatchKVCache.filter`: `left_padding.tolist()`), which on a stream that runs in
 order waits for all that is queued; so a step that some rows leave returns only when its own
 forward has run, and a first forward (split off the prompt batch, both sides filtered) is built
-only when the device is idle. So a call's time splits in two: the host's part (building the
-graph: Python, a roughly constant time per kind of call) and the device's (the rest of what the
-call costs when timed on its own, synchronized). A run of steps goes at the pace of the slower of
-the two, not their sum: on a GPU the host's part is a large share of a short step, on this
-2-vCPU CPU a few percent of qwen3-0.6b's.
+only when the device is idle. And `mx.async_eval` itself returns only once few enough of the
+graph's tasks are left to run (MLX bounds the tasks in flight): on this CPU when the last 15-30%
+of a qwen3-0.6b step is left (its `tail`), so its tokens come about when that step ends.
+
+So a call's time splits in two: the host's part (building the graph: Python and, on a GPU,
+encoding its kernels; measured as the thread's CPU time, which waits do not take) and the
+device's (the rest of what the call costs when timed on its own, synchronized). A run of steps
+goes at the pace of the slower of the two, not their sum: on this 2-vCPU CPU the host's part of a
+qwen3-0.6b step is a few percent of it, on a GPU a large share of a short step.
 
 `Pipeline` keeps the two clocks for one run: `call` takes the host's time at a call's start and
 the call's price, and returns the host's time when the call returns, which is when the next call
@@ -20,7 +24,8 @@ starts (its logged span is host time, as the real run's marks are: `calibrate.en
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from sim.engine.work import BatchPrefill, FirstForward, Generate, Work
@@ -31,6 +36,7 @@ KIND = {Generate: "generate", FirstForward: "first", BatchPrefill: "prompt"}  # 
 @dataclass
 class Pipeline:
     host: dict[str, float]  # seconds of a call's price the host spends building it, by kind
+    tail: dict[str, float] = field(default_factory=dict)  # device seconds left when its queueing returns (none: all)
     device: float = 0.0  # when the device has run everything queued
     pending: float = 0.0  # when the tokens the next generation step returns are computed
 
@@ -45,6 +51,7 @@ class Pipeline:
         host = min(self.host.get(kind, 0.0), seconds)
         t = start + host
         self.device = max(t, self.device) + (seconds - host)
+        t = max(t, self.device - self.tail.get(kind, math.inf))  # `mx.async_eval` returns
         if kind == "generate":  # returns the previous forward's tokens, queues its own
             t, self.pending = (self.device if leaving else max(t, self.pending)), self.device
         elif kind == "first":  # the next step returns its tokens too
