@@ -9,14 +9,14 @@ rows' padding (`BatchKVCache.filter`: `left_padding.tolist()`), which on a strea
 order waits for all that is queued; so a step that some rows leave returns only when its own
 forward has run, and a first forward (split off the prompt batch, both sides filtered) is built
 only when the device is idle. And `mx.async_eval` itself returns only once few enough of the
-graph's tasks are left to run (MLX bounds the tasks in flight): on this CPU when the last 15-30%
-of a qwen3-0.6b step is left (its `tail`), so its tokens come about when that step ends.
+graph's tasks are left to run (MLX bounds the tasks in flight): on this CPU with 82 ms of a
+310-380 ms qwen3-0.6b step left (its `tail`), so its tokens come about when that step ends.
 
 So a call's time splits in two: the host's part (building the graph: Python and, on a GPU,
 encoding its kernels; measured as the thread's CPU time, which waits do not take) and the
 device's (the rest of what the call costs when timed on its own, synchronized). A run of steps
 goes at the pace of the slower of the two, not their sum: on this 2-vCPU CPU the host's part of a
-qwen3-0.6b step is a few percent of it, on a GPU a large share of a short step.
+qwen3-0.6b step is 19 ms (a fresh calibration's median), on a GPU a large share of a short step.
 
 `Pipeline` keeps the two clocks for one run: `call` takes the host's time at a call's start and
 the call's price, and returns the host's time when the call returns, which is when the next call
