@@ -1,5 +1,7 @@
 """mlx-lm's next() as the server runs it (`sim.engine.pipeline`): hand-worked timelines, what every
 run keeps, and a simulated run scored as a measured one (each call priced at its own span)."""
+import statistics
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -100,8 +102,9 @@ def test_never_later_than_one_call_after_another(seq, host, tail):
         t = back
 
 
-def mlx_costs(host: dict | None) -> LinearCostModel:
-    mlx = MlxLmCosts((2e-3, 4e-5, 1e-8, 1e-7), (3e-3, 2e-4, 1e-6, 1e-6), first=5e-4, iteration=2e-4, host=host)
+def mlx_costs(host: dict | None, scale: float = 1.0) -> LinearCostModel:
+    mlx = MlxLmCosts(tuple(scale * c for c in (2e-3, 4e-5, 1e-8, 1e-7)), tuple(scale * c for c in (3e-3, 2e-4, 1e-6, 1e-6)),
+                     first=scale * 5e-4, iteration=2e-4, host=host)
     return LinearCostModel((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), mlx=mlx, pdsim_forms=False)
 
 
@@ -153,6 +156,12 @@ def test_a_simulated_run_scored_as_measured_prices_each_call_at_its_span(seed):
     # the same log as if run one call after another: each call's price, its span no longer
     log.pipelined = False
     assert any(r > 1.0 for _, _, r in call_ratios([log], cost))
+    # priced twice as dear, the calls cost about twice their spans, not more and more as the run goes
+    # on: the device's clock is set back where the run shows it (idle after a prompt call, a leave)
+    log.pipelined = True
+    dear = mlx_costs({"generate": 2e-3, "first": 1e-3, "prompt": 1e-3}, scale=2.0)
+    dear.mlx.tail = {"generate": 1e-3, "first": 1e-3}
+    assert 1.5 < statistics.median(r for _, _, r in call_ratios([log], dear)) < 2.5  # unset: 10-20
 
 
 @st.composite

@@ -182,7 +182,10 @@ def _confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats:
     report = {
         "pdsim_confirm": 1,
         "engine": {"name": engine, "mlx_lm": host.get("mlx_lm"),
-                   **({"timing": "stream synchronized at the end of every next() and before each model call"}
+                   **({"timing": "pipelined as mlx_lm.server runs it: nothing synchronized, each call's span "
+                                 "host time from its start to the next one's"
+                       if runs and runs[0]["log"].get("pipelined") else
+                       "stream synchronized at the end of every next() and before each model call"}
                       if engine == "mlx-lm" else {})},
         "profile": profile_summary(prof),
         "prediction": prediction_summary(prof, replicas),

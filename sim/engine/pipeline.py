@@ -60,6 +60,10 @@ class Pipeline:
             t = self.device
         return t
 
+    def idle(self, at: float) -> None:
+        """A measured run shows the device done with what is queued by `at`."""
+        self.device, self.pending = min(self.device, at), min(self.pending, at)
+
     def work(self, w: Work, start: float, seconds: float, ready: dict) -> float:
         """`call` for the engine's work item `w` (`sim.engine.work`); `ready`: the engine state's
         generating requests before the call (`EngineState.ready`), which say who leaves after it."""
@@ -70,8 +74,10 @@ class Pipeline:
 def logged_returns(pipe: Pipeline, calls: Iterable, prices: Iterable[float], outputs: dict[str, int]
                    ) -> Iterator[float]:
     """Each logged call's return on the host as `pipe` times it from the call's measured start
-    (`sim.metrics.residuals.priced_calls`); `outputs`: each request's output length, which says
-    which steps rows leave after."""
+    (`sim.metrics.residuals.priced_calls`), the device's clock set back to what the run shows:
+    idle at a prompt call's end and a leave's, at most a call's tail behind its return, so one
+    mispriced call does not move every later one; `outputs`: each request's output length, which
+    says which steps rows leave after."""
     given: dict[str, int] = {}
     for c, seconds in zip(calls, prices):
         leaving = False
@@ -80,3 +86,4 @@ def logged_returns(pipe: Pipeline, calls: Iterable, prices: Iterable[float], out
                 given[r] = given.get(r, 0) + 1
                 leaving = leaving or given[r] == outputs[r]
         yield pipe.call(c.kind, c.start, seconds, leaving)
+        pipe.idle(c.end if c.kind == "prompt" or leaving else c.end + pipe.tail.get(c.kind, math.inf))
