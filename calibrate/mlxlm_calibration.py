@@ -11,12 +11,13 @@ fitted, whose calls the fitted model prices by kind. The profile prices mlx-lm's
 from __future__ import annotations
 
 import random
+import statistics
 import time
 from pathlib import Path
 
 from calibrate.engine.mlxlm_batches import installed_version
 from calibrate.engine.model import build_model
-from calibrate.fit.mlxlm import fit_mlx_lm, iteration_of
+from calibrate.fit.mlxlm import fit_mlx_lm, iteration_of, pipelined_replay
 from calibrate.host.machine import host_info
 from calibrate.measure.engine_runs import EngineRuns, Workload, between_calls_share, engine_samples, relogged
 from calibrate.measure.grid import MlxLmGrid
@@ -33,7 +34,8 @@ from traces.trace import Trace
 
 
 def workloads(max_prompt: int, vocab: int, outputs: int = 12) -> dict[str, list[Workload]]:
-    """BatchGenerator runs: `train` fitted, `held_out` only priced (other seeds and settings)."""
+    """BatchGenerator runs: `train` fitted, `held_out` only priced (other seeds and settings; one
+    run as the server runs it, pipelined, priced as the simulator times such runs)."""
     def staggered(n, seed):
         rng = random.Random(seed)
         return fixed([0.0] * n, [rng.randint(9, max_prompt) for _ in range(n)], [n + 1 + i for i in range(n)],
@@ -48,7 +50,8 @@ def workloads(max_prompt: int, vocab: int, outputs: int = 12) -> dict[str, list[
         "train": [Workload("mlx-lm-spread", spread(7, 12, 2.0), mlx(48, 3, 4), "mlx-lm"),
                   Workload("mlx-lm-staggered", staggered(6, 11), mlx(32, 4, 4), "mlx-lm")],
         "held_out": [Workload("mlx-lm-spread-held-out", spread(6, 21, 1.5), mlx(40, 2, 3), "mlx-lm"),
-                     Workload("mlx-lm-defaults-held-out", staggered(5, 22), mlx(2048, 8, 32), "mlx-lm")],
+                     Workload("mlx-lm-defaults-held-out", staggered(5, 22), mlx(2048, 8, 32), "mlx-lm"),
+                     Workload("mlx-lm-pipelined-held-out", spread(6, 23, 1.5), mlx(40, 2, 3), "mlx-lm", pipelined=True)],
     }
 
 
@@ -99,12 +102,32 @@ def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0, group
             for r in engine}
     train = [logs[r["name"]] for r in engine if r["part"] == "train"]
     fitted = fit_mlx_lm(samples, iteration_of(train), seed)
+    trained = [r["log"] for r in engine if r["part"] == "train"]
+    host = host_parts(trained)
+    if host:
+        fitted["cost"]["mlx_lm"]["host"], fitted["cost"]["mlx_lm"]["tail"] = host, host_parts(trained, "queue_tails")
     if groups is not None:
         fitted["cost"]["heap_groups"] = groups
+    held = [r for r in engine if r["part"] == "held_out"]
     if "replay" in fitted["fit"]:
         fitted["fit"]["replay"]["between_calls_share"] = between_calls_share(
-            [logs[r["name"]] for r in engine if r["part"] == "held_out"])
+            [logs[r["name"]] for r in held if not r["log"].get("pipelined")])
+    piped = [logs[r["name"]] for r in held if r["log"].get("pipelined")]
+    if piped and host:
+        fitted["fit"]["pipelined_replay"] = pipelined_replay(piped, fitted["cost"]["mlx_lm"])
     return fitted
+
+
+def host_parts(logs: list[dict], key: str = "host_parts") -> dict[str, float]:
+    """The host's part of each kind of call (`sim.engine.pipeline`), or with `key` "queue_tails"
+    the device time left of it when it was queued: the median over the runs that measured it
+    (`EventLog.host_parts`; none in runs from before it, whose profiles then price calls one
+    after another)."""
+    parts: dict[str, list[float]] = {}
+    for log in logs:
+        for kind, v in (log.get(key) or {}).items():
+            parts.setdefault(kind, []).append(v)
+    return {k: statistics.median(v) for k, v in parts.items()}
 
 
 def refit_mlx_lm(prof: dict, seed: int = 0) -> dict:

@@ -83,6 +83,8 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
     """The engine process over `state`'s trace, run to the end."""
     env = simpy.Environment()
     host = cost.overhead(policy.engine)
+    pipe = cost.pipeline(policy.engine)  # mlx-lm's next() overlapping host and device (`sim.engine.pipeline`)
+    state.log.pipelined = pipe is not None
 
     def until(when: float) -> simpy.Timeout:
         return env.timeout(max(0.0, when - env.now))  # SimPy's clock may trail `t` by a rounding
@@ -101,7 +103,8 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
                 continue
             state.iteration += 1
             steps = steady_steps(policy, state, work) if steady else 0
-            times = steady_times(cost, state, work, steps, t, stretch_end(policy, state), host) if steps > 1 else None
+            times = steady_times(cost, state, work, steps, t, stretch_end(policy, state), host, pipe) \
+                if steps > 1 else None
             if times is not None:
                 state.apply_steady(work, *times)
                 t = times[1][-1][-1]
@@ -113,6 +116,8 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
                         f = noise()
                         sync, seconds = sync * f, seconds * f
                     start, synced, end = t + overhead, t + (overhead + sync), t + (overhead + (sync + seconds))
+                    if pipe is not None:
+                        end = pipe.work(item, start, sync + seconds, state.ready)
                     state.apply(item, start, end, synced)
                     t, overhead = end, 0.0
             arrival = state.next_arrival

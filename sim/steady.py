@@ -19,6 +19,7 @@ from itertools import accumulate, chain
 from sim.cost.model import CostModel
 from sim.cost.price import call_costs
 from sim.engine.batchcache import write
+from sim.engine.pipeline import KIND, Pipeline
 from sim.engine.state import EngineState
 from sim.engine.work import BatchPrefill, Decode, FirstForward, Generate, JoinPrompt, Mixed, Prefill, Work
 
@@ -147,7 +148,7 @@ def _fits(cap: int, idx: int, n: int) -> int:
 
 
 def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: int, t0: float,
-                 end: float | None, overhead: float | None = None
+                 end: float | None, overhead: float | None = None, pipe: Pipeline | None = None
                  ) -> tuple[list[list[float]], list[list[float]], list[float | None]] | None:
     """Start and end of every call of the stretch: `starts[i][j]` for call i of iteration j, and
     for each call of the first iteration, when its sync ended if it rebuilds the batch cache.
@@ -155,7 +156,8 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
     The stretch stops before the first iteration that would start at or after `end` (the next
     arrival: the engine admits arrivals between iterations; `stretch_end`). Times are summed call by call in the same
     order and with the same operations as the call-by-call replay, so both give the same floats.
-    None if a cost is negative (the call-by-call path reports that).
+    None if a cost is negative (the call-by-call path reports that). `pipe`: mlx-lm's next()
+    pipelined (`sim.engine.pipeline`; its stretches are one generation step an iteration).
     """
     columns, syncs = [], []
     for w in work:
@@ -180,6 +182,8 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
     if min(map(min, columns)) < 0:
         return None
     n, overhead = len(columns), cost.iteration if overhead is None else overhead
+    if pipe is not None:
+        return _pipelined(pipe, work[0], columns[0], t0, overhead, end, state)
     columns[0] = [overhead + c for c in columns[0]]  # host work before each iteration's first call
     clock = list(accumulate(chain.from_iterable(zip(*columns)) if n > 1 else columns[0], initial=t0))  # call k's turn
     if end is not None:  # iteration j starts at clock[j * n]; keep those before the end
@@ -188,3 +192,19 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
     starts[0] = [t + overhead for t in starts[0]]
     synced = [None if sync is None else clock[i] + ((overhead if i == 0 else 0.0) + sync) for i, sync in enumerate(syncs)]
     return starts, [clock[i + 1:steps * n + 1:n] for i in range(n)], synced
+
+
+def _pipelined(pipe: Pipeline, w: Work, costs: list[float], t: float, overhead: float, end: float | None,
+               state: EngineState) -> tuple[list[list[float]], list[list[float]], list[float | None]]:
+    """`steady_times` of one generation step an iteration on mlx-lm's pipeline: step by step, with
+    the call-by-call replay's operations, so both give the same floats (rows leave after the step
+    in which the first of them gets its last token, at the earliest the stretch's last)."""
+    kind, last = KIND[type(w)], min(state.ready[r].output_left for r in w.rids) - 1
+    starts, ends = [], []
+    for j, c in enumerate(costs):
+        if j and end is not None and t >= end:
+            break
+        starts.append(t + overhead)
+        t = pipe.call(kind, t + overhead, c, j == last)
+        ends.append(t)
+    return [starts], [ends], [None]

@@ -77,6 +77,11 @@ def test_unreadable_trace_and_profile(tmp_path, capsys):
     (lambda d: d["cost"].__setitem__("fresh_step", "fast"), "cost.fresh_step"),
     (lambda d: d["cost"].__setitem__("grow", -1.0), "cost.grow"),
     (lambda d: d["cost"].__setitem__("grow_single", -4.5e-4), "cost.grow_single"),
+    (lambda d: d["cost"].__setitem__("mlx_lm", {"prompt": {"coef": [0, 0, 0, 0]}, "generate": {"coef": [0, 0, 0, 0]},
+                                                "host": {"decode": 1e-3}}), "cost.mlx_lm.host.decode"),
+    (lambda d: d["cost"].__setitem__("mlx_lm", {"prompt": {"coef": [0, 0, 0, 0]}, "generate": {"coef": [0, 0, 0, 0]},
+                                                "host": {"generate": 1e-3}, "tail": {"generate": -0.1}}),
+     "cost.mlx_lm.tail.generate"),
     (lambda d: d.__setitem__("grid", {"chunks": [8], "offsets": [0], "batches": [1], "contexts": [10],
                                       "mixed": [], "prompt_max": 0}), "grid.prompt_max"),
     (lambda d: d.__setitem__("engine_runs", [{  # a calibration's speed probes, damaged

@@ -85,6 +85,12 @@ def test_a_run_file_of_another_setting_is_refused_and_a_torn_one_measured_again(
     assert finished_run(path, s, "x") is None and "measuring that run again" in capsys.readouterr().out
     path.write_text("")
     assert finished_run(path, s, "x") is None
+    # BatchGenerator timed synchronized (an older profile) is not a pipelined run (`calibrate.engine.batchgen`)
+    mlx = {"policy": "mlx-lm", "prefill_step": 32}
+    path.write_text(json.dumps({"log": {"calls": []}, "setting": mlx, "trace_sha256": "x"}))
+    assert finished_run(path, mlx, "x")["setting"] == mlx
+    with pytest.raises(UserError, match="a run timed synchronized"):
+        finished_run(path, mlx, "x", pipelined=True)
 
 
 def test_two_confirms_cannot_share_a_runs_folder(tmp_path):

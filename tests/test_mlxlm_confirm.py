@@ -43,6 +43,12 @@ def test_the_profile_prices_batch_generators_calls(profile):
     assert {r["kind"] for r in replay["by_kind"]} >= {"prompt", "first", "generate"}
     assert sum(r["calls"] for r in replay["by_kind"]) == replay["calls"] > 0
     assert prof["cost"]["mlx_lm"]["iteration"] >= 0
+    host = prof["cost"]["mlx_lm"]["host"]  # each kind's host part, from the fitted runs (`sim.engine.pipeline`)
+    assert set(host) == {"prompt", "first", "generate"} and all(v > 0 for v in host.values())
+    assert set(prof["cost"]["mlx_lm"]["tail"]) == {"first", "generate"}  # what was left of a call when queued
+    piped = prof["fit"]["pipelined_replay"]  # a held-out run served as the server serves, priced as simulated
+    assert {r["kind"] for r in piped["by_kind"]} >= {"prompt", "first", "generate"} and piped["calls"] > 0
+    assert not any(s.get("source", "").endswith("pipelined-held-out") for s in prof["samples"])  # not call times
     # the calibrated forms price mlx-lm's calls; pdsim's policies are refused with this profile
     cost = cost_model(prof)
     section = prof["cost"]["mlx_lm"]["prompt"]  # knots at the grid's sizes (the tile's multiples), never falling
@@ -82,6 +88,7 @@ def test_confirm_on_batch_generator(profile, tmp_path):
         assert run["engine"] == {"name": "mlx-lm", "version": "0.32.2"}
         assert run["check"] == {"policy_mismatches": [], "shape_mismatches": []}
         assert {c[0] for c in run["log"]["calls"]} <= {"prompt", "first", "generate"}
+        assert run["log"]["pipelined"]  # as the server runs it: nothing synchronized
         # the machine's speed, probed on BatchGenerator before and after the run (the profile prices its calls)
         assert run["probe"]["setting"]["policy"] == "mlx-lm" and len(run["probe"]["logs"]) == 2
         assert all({c[0] for c in log["calls"]} >= {"prompt", "generate"} for log in run["probe"]["logs"])

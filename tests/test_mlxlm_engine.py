@@ -72,6 +72,33 @@ def test_spread_arrivals_meet_a_busy_generator(lm):
     assert any(c.kind == "generate" and c.joined and c.written for c in run.log.calls)  # a paid merge
 
 
+@pytest.mark.parametrize("trace", [AT_ZERO, spread(2)], ids=["t0", "spread2"])
+def test_pipelined_as_the_server_runs_it(lm, trace):
+    """Nothing synchronized (`pipelined`): the policy still asks for every call the generator
+    makes, and the tokens are a synchronized run's. A synchronized run measures the host's part
+    of each kind of call (`sim.engine.pipeline`): some of its span, not all, and the call's time
+    left when queued; mlx's `async_eval` is its own again after either run."""
+    import statistics
+
+    import mlx.core as mx
+    own = mx.async_eval
+    setting = dict(policy="mlx-lm", **SETTINGS[1])
+    piped, check, _ = run_batch_generator(lm, trace, setting, pipelined=True)
+    synced, synced_check, _ = run_batch_generator(lm, trace, setting)
+    assert check.ok and synced_check.ok, (check.policy_mismatches + check.shape_mismatches)[:3]
+    assert piped.outputs == synced.outputs
+    assert piped.log.pipelined and not synced.log.pipelined and mx.async_eval is own
+    host = synced.log.host_parts
+    assert set(host) == {c.kind for c in synced.log.calls} >= {"prompt", "first", "generate"}
+    for kind, part in host.items():
+        span = statistics.median(c.end - c.start for c in synced.log.calls if c.kind == kind)
+        assert 0 < part < span, (kind, part, span)
+    # and what was left of a step or first forward when it was queued (a prompt call waits for all)
+    tails = synced.log.queue_tails
+    assert set(tails) == {"generate", "first"} and all(0 <= v < 1 for v in tails.values())
+    assert piped.log.queue_tails == {}  # pipelined, a call's span is not its own time
+
+
 def _real_sizes(gen) -> dict:
     out = {}
     for name, b in (("prompt", gen._prompt_batch), ("gen", gen._generation_batch)):

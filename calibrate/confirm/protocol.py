@@ -120,22 +120,24 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
         seq = settings if r % 2 == 0 else list(reversed(settings))
         order += [(r, s) for s in seq]
     runs = []
+    # BatchGenerator as the server runs it, where the profile prices that (`sim.engine.pipeline`)
+    pipelined = engine == "mlx-lm" and bool(prof["cost"].get("mlx_lm", {}).get("host"))
     for r, s in tqdm(order, desc="confirming", unit="run"):
         label = setting_label(s)
         out = runs_dir / f"r{r}-{label.replace('/', '_')}.json"
-        data = finished_run(out, s, sha)
+        data = finished_run(out, s, sha, pipelined)
         if data is None:
             spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup,
                     "warmup_with": warmup_with, "engine": engine, "cost": prof["cost"],  # the prices an auto:MS budget decides by
                     "probe": probe_engine(prof, engine),  # the machine's speed, where the profile prices it
-                    "kv_capacity": device_kv_tokens(prof)}  # the device's KV limit, the simulator's
+                    "kv_capacity": device_kv_tokens(prof), "pipelined": pipelined}  # the device's KV limit, the simulator's
             try:
                 run_fresh(spec, out)
             except RunFailed as e:
                 raise UserError(f"run {label} repeat {r} failed: {e}") from None
             if cooldown:
                 time.sleep(cooldown)
-            data = finished_run(out, s, sha)
+            data = finished_run(out, s, sha, pipelined)
             if data is None:
                 raise UserError(f"run {label} repeat {r}: its worker wrote no readable result to {out}")
         check = data.get("check", {})
@@ -180,7 +182,10 @@ def _confirm(prof: dict, trace: Trace, settings: list[dict], out: Path, repeats:
     report = {
         "pdsim_confirm": 1,
         "engine": {"name": engine, "mlx_lm": host.get("mlx_lm"),
-                   **({"timing": "stream synchronized at the end of every next() and before each model call"}
+                   **({"timing": "pipelined as mlx_lm.server runs it: nothing synchronized, each call's span "
+                                 "host time from its start to the next one's"
+                       if runs and runs[0]["log"].get("pipelined") else
+                       "stream synchronized at the end of every next() and before each model call"}
                       if engine == "mlx-lm" else {})},
         "profile": profile_summary(prof),
         "prediction": prediction_summary(prof, replicas),

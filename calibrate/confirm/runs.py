@@ -99,9 +99,10 @@ class RunsFolder:
             self._fd = None
 
 
-def finished_run(path: Path, setting: dict, sha: str) -> dict | None:
+def finished_run(path: Path, setting: dict, sha: str, pipelined: bool = False) -> dict | None:
     """The run saved at `path`, or None if there is none to reuse (never written, or empty or cut
-    short by an interrupted write: measured again). A run of another setting or trace is refused."""
+    short by an interrupted write: measured again). A run of another setting or trace, or timed
+    the other way (`pipelined`: `calibrate.engine.batchgen`), is refused."""
     if not path.is_file():
         return None
     try:
@@ -114,5 +115,9 @@ def finished_run(path: Path, setting: dict, sha: str) -> dict | None:
         return None
     if data.get("setting") != json.loads(dumps(setting)) or data.get("trace_sha256", sha) != sha:
         raise UserError(f"{path}: a run of another setting or trace than this confirm's; delete "
+                        f"{path.parent} to measure afresh")
+    if bool(data["log"].get("pipelined")) != pipelined:
+        raise UserError(f"{path}: a run timed {'synchronized' if pipelined else 'pipelined'}, where this confirm's "
+                        f"profile times BatchGenerator {'pipelined' if pipelined else 'synchronized'}; delete "
                         f"{path.parent} to measure afresh")
     return data

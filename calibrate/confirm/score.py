@@ -28,7 +28,7 @@ from sim.cost.speed import MachineSpeed, SpeedRules
 from sim.engine.log import EventLog
 from sim.metrics.decisions import paths_of
 from sim.metrics.registry import CONFIRMED, CONFIRMED_KV
-from sim.metrics.residuals import call_ratios, residual_table
+from sim.metrics.residuals import call_ratios, off_stretches, residual_table
 from sim.metrics.scoring import CLASS_CONFIRMED, log_class_metrics, score
 from sim.predict import REPLICAS, classes_of, metrics_of, replays
 from sim.sweep.pick import OPS, Constraint, Objective, PickError, check_names, split_slo
@@ -100,8 +100,8 @@ def compare(prof: dict, trace: Trace, settings: list[dict], runs: list[dict], st
                                           "runs": [dict(p or {}, repeat=r["repeat"]) for r, p in zip(mine, probes)]},
                         "at_calibration_speed": {"predicted": {k: at_calibration[k] for k in errors_at_calibration},
                                                  "rel_error": errors_at_calibration},
-                        "run_speed": [{"repeat": r["repeat"], "pred_over_meas": run_speed(log, cost)}
-                                      for r, log in zip(mine, logs)],
+                        "run_speed": [{"repeat": r["repeat"], "pred_over_meas": run_speed(log, cost),
+                                       "off_stretches": off_stretches(log, cost)} for r, log in zip(mine, logs)],
                         "calls": call_rows(logs, cost), "calls_by_kind": call_rows(logs, cost, by_size=False),
                         "paths": jsonable(paths_of(logs, [r["repeat"] for r in mine], predictions, typical)),
                         **({"slo": slo_verdicts(constraints, predicted, measured)} if constraints else {}),

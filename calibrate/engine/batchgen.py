@@ -7,15 +7,17 @@ sequences: a bare BatchGenerator's default), each request's `max_tokens` its tra
 length. The generator runs on the default stream, as `mlx_lm.server` passes it.
 
 Timing. `next()` makes up to three model calls (a generation step, a first forward, a prompt
-call) and pipelines the step's forward into the next `next()`. The driver synchronizes the
-generator's stream at the end of every `next()`, and the model it hands the generator
-(`CallWatch`) synchronizes it again just before each model call, reads the clock and notes the
-call's shape: so each model call is timed from its start to the next one's (or to the end of
-`next()`), with the host work that follows it (the responses, the cache merges), and the time
-before the first one is host work between calls. What this takes from the server: the overlap of
-a call's graph building and Python work with the previous forward (about a millisecond per call
-here), and in iterations without a prompt call, the server's next() returns the step's tokens
-about one forward earlier than pdsim records them (it does not wait for the step it queued).
+call) and pipelines the step's forward into the next `next()`. The model handed to the generator
+(`CallWatch`) reads the clock and notes each call's shape as the call starts, and when the host
+has built and queued it (`mx.async_eval` returned; a prompt call: its graph built). Two ways:
+- synchronized (a calibration's engine runs): the stream is synchronized before each model call
+  and at the end of every `next()`, so each call is timed on its own, from its start to the next
+  one's (or to the end of `next()`), with the host work that follows it; the time before the first
+  is host work between calls. The host's part of each call is measured here (`host_parts`).
+- pipelined (`pdsim confirm`, as `mlx_lm.server` runs it): nothing is synchronized, so a call's
+  graph is built while the device runs the ones before it, and a step's tokens are returned
+  before its own forward has run. Each call's span is host time, from its start to the next
+  one's; the simulator times its calls the same way (`sim.engine.pipeline`, `EventLog.pipelined`).
 
 Shapes. Which requests stepped, which ran their first forward and which prompt chunks of which
 lengths ran come from `next()`'s responses (uids, progress); the watched model calls give each
@@ -28,6 +30,7 @@ must ask for exactly what the generator did, or the run says so (`RunCheck`).
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -45,10 +48,11 @@ from sim.engine.work import BatchPrefill, FirstForward, Generate, JoinPrompt, Wo
 from traces.trace import Trace
 
 
-@dataclass(frozen=True)
+@dataclass
 class Seen:
     """One model call as the generator made it: its kind, input shape, cache position and capacity,
-    start, and the process's minor page faults at its start (`EventLog.faults`)."""
+    start, the process's minor page faults at its start (`EventLog.faults`), and the host's part
+    of it (`sim.engine.pipeline`)."""
     kind: str  # "generate", "first" or "prompt"
     rows: int
     tokens: int
@@ -56,16 +60,20 @@ class Seen:
     cap: int
     at: float
     faults: int
+    cpu: float = 0.0  # the host thread's CPU time at its start
+    built: float | None = None  # the host thread's CPU time building and queueing it (waits take none)
+    queued: float | None = None  # seconds from its start to `mx.async_eval` returning
 
 
 class CallWatch:
-    """The model, as handed to BatchGenerator: every call goes to the real model unchanged; before
-    it, the generator's stream is synchronized, the clock read and the call's shape noted. Which
-    batch a call belongs to is told by its cache (the prompt batch's, the generation batch's, or
-    neither: a first forward, on the rows just split off)."""
+    """The model, as handed to BatchGenerator: every call goes to the real model unchanged; as it
+    starts (the generator's stream synchronized first, if `synced`) the clock is read and the call's
+    shape noted, and when the host has queued it (`queued`) the clock again. Which batch a call
+    belongs to is told by its cache (the prompt batch's, the generation batch's, or neither: a
+    first forward, on the rows just split off)."""
 
-    def __init__(self, model, clock):
-        self._model, self._clock = model, clock
+    def __init__(self, model, clock, synced: bool = True):
+        self._model, self._clock, self.synced = model, clock, synced
         self.gen = None
         self.seen: list[Seen] = []
 
@@ -74,14 +82,38 @@ class CallWatch:
 
     def __call__(self, inputs, cache=None):
         g = self.gen
-        mx.synchronize(g.stream)
+        if self.synced:
+            mx.synchronize(g.stream)
         at = self._clock()
         kind = "prompt" if cache is g._prompt_batch.prompt_cache else \
             "generate" if cache is g._generation_batch.prompt_cache else "first"
         c = first_kv(cache)
-        self.seen.append(Seen(kind, inputs.shape[0], inputs.shape[1], c._idx,
-                              c.keys.shape[2] if c.keys is not None else 0, at, minor_faults()))
-        return self._model(inputs, cache=cache)
+        seen = Seen(kind, inputs.shape[0], inputs.shape[1], c._idx, c.keys.shape[2] if c.keys is not None else 0, at,
+                    minor_faults(), time.thread_time())
+        self.seen.append(seen)
+        out = self._model(inputs, cache=cache)
+        if kind == "prompt":  # evaluated at once (`PromptProcessingBatch.prompt`): its graph is its host part
+            seen.built = time.thread_time() - seen.cpu
+        return out
+
+    def queued(self) -> None:
+        """The generator's `mx.async_eval` returned: a step's or first forward's host part ends."""
+        seen = self.seen[-1] if self.seen else None
+        if seen is not None and seen.built is None:
+            seen.built, seen.queued = time.thread_time() - seen.cpu, self._clock() - seen.at
+
+
+def _watch_queue(watch: CallWatch):
+    """Until the returned function is called, `mx.async_eval` (BatchGenerator calls it through
+    `mx`) tells `watch` when it has queued a call."""
+    real = mx.async_eval
+
+    def async_eval(*args):
+        real(*args)
+        watch.queued()
+
+    mx.async_eval = async_eval
+    return lambda: setattr(mx, "async_eval", real)
 
 
 @dataclass
@@ -96,14 +128,15 @@ class RunCheck:
 
 
 def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, heap: Heap | None = None,
-                        on_call=None) -> tuple[RealRun, RunCheck, Heap]:
+                        on_call=None, pipelined: bool = False) -> tuple[RealRun, RunCheck, Heap]:
     """Serve `trace` with a fresh BatchGenerator under `setting` (the mlx-lm policy's options) in
-    real time; the run (pdsim's log, greedy outputs), what it found, and the process's heap after
-    it, as the state followed it (the next run's `heap`). `on_call(state, generator)` after every `next()`."""
+    real time, synchronized or `pipelined` (see the module's docstring); the run (pdsim's log,
+    greedy outputs, the host's part of each kind of call: `EventLog.host_parts`), what it found, and the process's heap
+    after it, as the state followed it (the next run's `heap`). `on_call(state, generator)` after every `next()`."""
     policy = MlxLm(**{k: v for k, v in setting.items() if k != "policy"})
     t0 = time.perf_counter()
     clock = lambda: time.perf_counter() - t0
-    watch = CallWatch(lm.model, clock)
+    watch = CallWatch(lm.model, clock, synced=not pipelined)
     gen = G.BatchGenerator(watch, completion_batch_size=policy.decode_concurrency,
                            prefill_batch_size=policy.prompt_concurrency, prefill_step_size=policy.prefill_step,
                            stream=mx.default_stream(mx.default_device()))
@@ -117,6 +150,10 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, heap: Heap
     idle = 0.0
     foreign = reset_peak(lm)  # this run's peak, as pdsim's executor takes it (`sim.engine.memory` predicts it)
     state.log.faults, state.log.fault_bytes = [], resource.getpagesize()
+    state.log.pipelined = pipelined
+    built: dict[str, list[float]] = {}  # the host's part of each call, by kind
+    tails: dict[str, list[float]] = {}  # what was left of each synchronized call when it was queued
+    restore = _watch_queue(watch)
     try:
         while not state.done:
             before = state.arrived
@@ -137,8 +174,13 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, heap: Heap
             watch.seen = []
             start, start_faults = clock(), minor_faults()
             prompt_out, gen_out = gen.next()
-            mx.synchronize(gen.stream)
+            if not pipelined:
+                mx.synchronize(gen.stream)
             end, end_faults = clock(), minor_faults()
+            for seen, after in zip(watch.seen, [x.at for x in watch.seen[1:]] + [end]):
+                built.setdefault(seen.kind, []).append(seen.built)
+                if seen.queued is not None and not pipelined:  # the call's device time left when queued
+                    tails.setdefault(seen.kind, []).append(after - seen.at - seen.queued)
             work = _observed(state, prompt_out, gen_out, rid_of, done)
             if asked != work:
                 check.policy_mismatches.append(f"iteration {state.iteration}: BatchGenerator ran {work}, "
@@ -150,9 +192,12 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, heap: Heap
             if on_call:
                 on_call(state, gen)
     finally:
+        restore()
         gen.close()
     state.log.peak_memory = float(mx.get_peak_memory() - foreign)
     add_faults(state.log, state.log.call_count, [])
+    state.log.host_parts = {k: statistics.median(v) for k, v in built.items() if None not in v}
+    state.log.queue_tails = {k: statistics.median(v) for k, v in tails.items()}
     return RealRun(state.log, outputs, idle, inserted), check, state.kv.released()
 
 

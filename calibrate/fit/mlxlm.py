@@ -32,7 +32,7 @@ from calibrate.fit.common import (
 from sim.cost.curve import Curve
 from sim.cost.mlxlm import MLX_PROMPT_FORM, MLX_STEP_FORM, MlxLmCosts
 from sim.cost.model import LinearCostModel
-from sim.metrics.residuals import summarize
+from sim.metrics.residuals import call_ratios, summarize
 
 
 def _size(step: str, s: dict) -> int:
@@ -190,6 +190,14 @@ def replay_errors(calls: list[dict], section: dict) -> dict:
                for s in calls)
     return {"calls": len(calls), "by_kind": summarize(ratios, by_size=False), "by_size": summarize(ratios),
             "copy_share": copy / (sum(s["seconds"] for s in calls) or 1.0)}
+
+
+def pipelined_replay(logs: list, section: dict) -> dict:
+    """Held-out runs of BatchGenerator as the server runs it (nothing synchronized: each call's span
+    is host time), every call priced as the simulator times it from its measured start
+    (`sim.metrics.residuals.priced_calls`): predicted/measured by kind, at the calibration's speed."""
+    ratios = call_ratios(logs, cost_of(section))
+    return {"calls": len(ratios), "by_kind": summarize(ratios, by_size=False)}
 
 
 def iteration_of(logs) -> float:

@@ -46,6 +46,7 @@ class Workload:
     trace: Trace
     setting: dict
     engine: str = "pdsim"
+    pipelined: bool = False  # mlx-lm's BatchGenerator as the server runs it (`calibrate.engine.batchgen`)
 
 
 def workloads(max_batch: int, max_prompt: int, vocab: int, outputs: int = 12) -> dict[str, list[Workload]]:
@@ -100,7 +101,7 @@ def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bo
         w.trace.save_jsonl(trace, overwrite=True)  # an interrupted run left one: the folder is ours (locked)
         try:
             out = run_fresh({"model": model, "trace_path": str(trace), "setting": w.setting, "warmup": 1,
-                             "engine": w.engine, "probe": w.engine}, folder / f"{w.name}.json")
+                             "engine": w.engine, "probe": w.engine, "pipelined": w.pipelined}, folder / f"{w.name}.json")
         except RunFailed as e:
             raise UserError(f"engine run {w.name} failed: {e}") from None
         if progress:  # a line, not a bar: these run between the grid's rounds, under its bar
@@ -226,6 +227,8 @@ def engine_samples(runs: list[dict], groups: int = GROUPS, state_tokens: int = 0
     profile's heap groups, `state_tokens` its model's state per request (`relogged`)."""
     out, speeds = [], run_speeds(runs)
     for r in runs:
+        if r["log"].get("pipelined"):  # its calls' spans are host time, not their own (`sim.engine.pipeline`)
+            continue
         log = relogged(Trace.from_dicts(r["trace"]["requests"], r["trace"]["meta"]), r["log"], r["setting"],
                        groups=groups, state_tokens=state_tokens)
         out += brought_back(samples_from_log(log, (HELD_OUT if r["part"] == "held_out" else "engine:") + r["name"]),

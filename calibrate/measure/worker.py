@@ -89,7 +89,7 @@ def _run_batch_generator(lm, trace: Trace, spec: dict) -> dict:
                                              spec["setting"], heap)
         checks.append(check)
     t0 = time.perf_counter()
-    run, check, _ = run_batch_generator(lm, trace, spec["setting"], heap)
+    run, check, _ = run_batch_generator(lm, trace, spec["setting"], heap, pipelined=spec.get("pipelined", False))
     wall = time.perf_counter() - t0
     probe.run()
     checks.append(check)

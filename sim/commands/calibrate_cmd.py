@@ -168,6 +168,8 @@ def report(prof: dict, grid_name: str, wall: float) -> None:
     if "decode" not in c:
         if "replay" in prof["fit"]:
             report_replay(prof["fit"]["replay"])
+        if "pipelined_replay" in prof["fit"]:
+            report_pipelined(prof["fit"]["pipelined_replay"])
         print(f"wrote {prof['_path']}")
         return
     d, pf = c["decode"], c["prefill"]
@@ -241,6 +243,11 @@ def report_mlx_lm(m: dict) -> None:
               f"{remainder_text(pr['remainder'])}")
     print(f"  mlx-lm KV buffer written {m['copy'] * 1e6:.1f} us per token-row (fresh: {m['fresh'] * 1e6:.1f} us "
           f"more); host work between next() calls {m['iteration'] * 1e3:.2f} ms")
+    if m.get("host"):
+        parts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(m["host"].items()))
+        tails = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted((m.get("tail") or {}).items()))
+        print(f"  mlx-lm host part of each call (next() builds it while the device runs the one before): {parts}"
+              + (f"; device time left of it when queued: {tails}" if tails else ""))
 
 
 def report_change(before: dict, after: dict) -> None:
@@ -254,6 +261,15 @@ def report_change(before: dict, after: dict) -> None:
         if r["kind"] in old:
             print(f"    engine replay {r['kind']:8s} median |error| {old[r['kind']]['abs_error_median']:.1%} -> "
                   f"{r['abs_error_median']:.1%}")
+
+
+def report_pipelined(r: dict) -> None:
+    """The held-out run served as mlx_lm.server serves (pipelined), each call's span as the simulator times it."""
+    print(f"  engine replay, held out, pipelined as the server runs ({r['calls']} calls; a call's span, "
+          "host time): predicted/measured by call kind")
+    for row in r["by_kind"]:
+        print(f"    {row['kind']:8s} {row['calls']:4d} calls  median {row['ratio_median']:.3f}  "
+              f"p10..p90 {row['ratio_p10']:.3f}..{row['ratio_p90']:.3f}  median |error| {row['abs_error_median']:.1%}")
 
 
 def report_replay(r: dict) -> None:

@@ -13,6 +13,7 @@ from sim.commands.common import (
     trace_from_args,
     whole,
 )
+from sim.metrics.residuals import OFF
 from sim.predict import REPLICAS
 
 NEEDS_MLX = True
@@ -143,6 +144,14 @@ def print_report(report: dict, out: str, tolerance: float | None) -> int:
                   + " ".join(f"r{rep} {v:.2f}" for rep, v in speeds.items())
                   + (f"; {spread:.0%} apart: the machine changed speed between runs, and every measured figure "
                      "moved with it" if spread > SPEED_SPREAD else ""))
+        for r in res.get("run_speed", ()):
+            for st in r.get("off_stretches") or ():
+                kinds = ", ".join(f"{k} {v:.2f}" for k, v in st["by_kind"].items())
+                alike = len(st["by_kind"]) > 1 and all(abs(v - 1) >= OFF / 2 and (v < 1) == (st["ratio"] < 1)
+                                                       for v in st["by_kind"].values())
+                print(f"  r{r['repeat']}: its calls at {st['start_s']:.1f}-{st['end_s']:.1f} s ({st['calls']}) ran at "
+                      f"{st['ratio']:.2f}x the run's pace ({kinds})"
+                      + ("; every kind alike: the host, not a price" if alike else ""))
         if res.get("paths"):  # reports that follow the replays' paths
             print(paths_summary(res["paths"]))
         if res.get("classes"):  # a trace with priority classes: TTFT by class

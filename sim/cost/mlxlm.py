@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from sim.cost.curve import Curve, remainder_cost
+from sim.engine.pipeline import Pipeline
 
 MLX_PROMPT_FORM = ("dense(rows*L) + c*rows*L*(idx + L) + d*rows*idx, L the longest chunk, idx the batch "
                    "cache's write position (every row attends the whole padded buffer), plus r0 + r1*(rows*L mod "
@@ -37,6 +38,10 @@ class MlxLmCosts:
     prompt_tile: int = 0  # rows*L beyond a multiple of this run slower kernels (0: no such term)
     prompt_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the call]
     first_copy: float | None = None  # per token-row a first forward writes (None: `copy`; older profiles set it)
+    # seconds of a call's price the host spends building its graph, by kind: next() overlaps it with
+    # the device's work (`sim.engine.pipeline`); None: a profile before it, its calls one after another
+    host: dict[str, float] | None = None
+    tail: dict[str, float] | None = None  # device seconds of a call left when its `mx.async_eval` returns
 
     def copies(self, kind: str, written: int, fresh: int) -> float:
         """A call's KV copies: its rows written, and the ones of them in fresh memory at the
@@ -45,6 +50,10 @@ class MlxLmCosts:
         `first_copy` instead."""
         per_row = self.first_copy if kind == "first" and self.first_copy is not None else self.copy
         return per_row * written + self.fresh * fresh
+
+    def pipeline(self) -> Pipeline | None:
+        """A run's `Pipeline`, where the profile measured the host's part of each call."""
+        return Pipeline(dict(self.host), dict(self.tail or {})) if self.host else None
 
     def prompt(self, rows: int, tokens: int, idx: int) -> float:
         a, b, c, d = self.prompt_coef
@@ -76,4 +85,6 @@ def mlx_lm_costs(m: dict) -> MlxLmCosts:
                       Curve.from_pairs(st.get("dense")), float(st.get("knot") or "inf"), float(st.get("first", 0.0)),
                       float(m.get("copy", 0.0)), float(m.get("fresh", 0.0)), float(m.get("iteration", 0.0)),
                       int(pr.get("tile", 0)), tuple(map(float, pr.get("remainder", (0.0, 0.0)))),
-                      None if m.get("first_copy") is None else float(m["first_copy"]))
+                      None if m.get("first_copy") is None else float(m["first_copy"]),
+                      {k: float(v) for k, v in m["host"].items()} if m.get("host") else None,
+                      {k: float(v) for k, v in m["tail"].items()} if m.get("tail") else None)

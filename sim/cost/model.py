@@ -16,8 +16,7 @@ dense(n) is a + b*n, or, when a profile gives measured sizes, a `Curve` through 
 picks its kernel by shape, so at small sizes the cost is far from linear (Qwen3-0.6B on this CPU:
 batch 4 decodes as slowly as batch 16). A profile may instead ask for interpolation over its grid.
 
-mlx-lm's BatchGenerator makes other calls (`sim.engine.work`), priced by `MlxLmCosts` when a profile was
-calibrated on them (`pdsim calibrate --engine mlx-lm`), and otherwise by pdsim's forms.
+mlx-lm's calls (`sim.engine.work`) are priced by `MlxLmCosts` where calibrated, else by pdsim's forms.
 """
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ from sim.cost.curve import Curve, remainder_cost
 from sim.cost.mlxlm import MlxLmCosts
 from sim.engine.heap import GROUPS, Heap, NoHeap
 from sim.engine.memory import MemoryModel
+from sim.engine.pipeline import Pipeline
 
 FEW_ROWS = 16  # an uncalibrated mixed forward of this many tokens or fewer is priced at least as a decode
 MIXED_FORM = ("dense(T) + rows*e + sum over rows of c*n*(prefix + n/2) + d*prefix, T the call's tokens, n a row's "
@@ -91,6 +91,9 @@ class CostModel(Protocol):
 
     def overhead(self, engine: str) -> float:
         """Host work per iteration of this engine ("pdsim" or "mlx-lm"), seconds."""
+
+    def pipeline(self, engine: str) -> Pipeline | None:
+        """A run's `Pipeline` where this engine's calls overlap the host's work (None: they do not)."""
 
     def fresh_heap(self) -> Heap | NoHeap:
         """The heap a replay follows: `sim.engine.heap`'s model where fresh memory has a price,
@@ -166,6 +169,9 @@ class LinearCostModel:
 
     def overhead(self, engine: str) -> float:
         return self.mlx.iteration if engine == "mlx-lm" and self.mlx is not None else self.iteration
+
+    def pipeline(self, engine: str) -> Pipeline | None:
+        return self.mlx.pipeline() if engine == "mlx-lm" and self.mlx is not None else None
 
     def mixed(self, chunks: Sequence[int], prefixes: Sequence[int]) -> float:
         total = sum(chunks)
@@ -373,13 +379,15 @@ class GridCostModel:
     def overhead(self, engine: str) -> float:
         return self.linear.overhead(engine) if engine == "mlx-lm" else self.iteration
 
+    def pipeline(self, engine: str) -> Pipeline | None:
+        return self.linear.pipeline(engine)
+
     def mixed(self, chunks: Sequence[int], prefixes: Sequence[int]) -> float:
         return self.linear.mixed(chunks, prefixes)
 
     def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
-        if self.linear.mlx is not None:
-            return self.linear.generate_steps(contexts, steps)
-        return self.decode_steps(contexts, steps)
+        return self.linear.generate_steps(contexts, steps) if self.linear.mlx is not None else \
+            self.decode_steps(contexts, steps)
 
 
 def _interpolator(points: np.ndarray):

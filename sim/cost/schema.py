@@ -205,6 +205,11 @@ def check_mlx_lm(w: Where, m: dict) -> None:
     for key in ("copy", "fresh", "iteration", "first_copy"):
         if m.get(key) is not None:
             cost_value(w, m[key], f"cost.mlx_lm.{key}")
+    for part in ("host", "tail"):
+        for k, v in obj(w, m.get(part) or {}, f"cost.mlx_lm.{part}").items():
+            if k not in ("generate", "first", "prompt"):
+                raise w.fail(f"cost.mlx_lm.{part}.{k}", "is not one of mlx-lm's calls (generate, first, prompt)")
+            cost_value(w, v, f"cost.mlx_lm.{part}.{k}")
 
 
 def check_samples(w: Where, samples) -> None:

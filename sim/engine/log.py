@@ -108,6 +108,11 @@ class EventLog:
     # it (a join that faulted 160 MB ran 0.49 s where its copy is priced at 63 ms); None: not counted
     faults: list[int] | None = None
     fault_bytes: int = 4096  # the page a fault maps on the host that counted them (every log before it: Linux, x86)
+    # a real mlx-lm run timed as the server runs it: next() overlapping host and device, each call's
+    # span from its start on the host to the next one's (`sim.engine.pipeline`), not its own time
+    pipelined: bool = False
+    host_parts: dict[str, float] | None = None  # a real mlx-lm run's median host part by call kind (the same)
+    queue_tails: dict[str, float] | None = None  # and, synchronized, its calls' time left when queued
 
     def add(self, call: Call) -> None:
         self._parts[-1].append(call)
@@ -191,6 +196,9 @@ class EventLog:
             "tokens": self.tokens,
             **({"peak_memory": self.peak_memory} if self.peak_memory is not None else {}),
             **({"faults": self.faults, "fault_bytes": self.fault_bytes} if self.faults is not None else {}),
+            **({"pipelined": True} if self.pipelined else {}),
+            **({"host_parts": self.host_parts} if self.host_parts else {}),
+            **({"queue_tails": self.queue_tails} if self.queue_tails else {}),
         }
 
     @staticmethod
@@ -206,4 +214,7 @@ class EventLog:
         log.peak_memory = d.get("peak_memory")
         log.faults = d.get("faults")
         log.fault_bytes = d.get("fault_bytes", 4096)
+        log.pipelined = bool(d.get("pipelined", False))
+        log.host_parts = d.get("host_parts")
+        log.queue_tails = d.get("queue_tails")
         return log

@@ -22,6 +22,7 @@ def relog(trace: Trace, log: EventLog, heap: Heap | None = None, memory: MemoryM
     log; a replay's under a profile that prices no KV copy follows none: `RowsOnly`). `state_tokens`:
     a hybrid model's linear-layer state per request, which its syncs copy (`EngineState`)."""
     state = replayed(trace, log, heap, memory, counts, state_tokens)
+    state.log.pipelined = log.pipelined
     if memory is None:
         state.log.peak_memory = log.peak_memory
     if log.faults is not None and len(log.faults) == state.log.call_count:  # measured, call for call

@@ -16,6 +16,7 @@ import numpy as np
 from sim.cost.model import CostModel
 from sim.cost.price import price
 from sim.engine.log import Call, EventLog
+from sim.engine.pipeline import logged_returns
 
 FAULTED = 256  # minor faults (1 MiB of 4 KiB pages) from which a call counts as having met fresh memory
 TILE = 16  # a chunk of a multiple of this many rows runs the BLAS's fast kernels (see calibrate/measure/grid.py)
@@ -77,10 +78,27 @@ def timed_calls(log: EventLog) -> Iterator[tuple[Call, int | None]]:
             yield c, n
 
 
+def priced_calls(log: EventLog, cost: CostModel) -> Iterator[tuple[Call, int | None, float]]:
+    """`timed_calls` with each one's predicted seconds: its price, or in a run that pipelined mlx-lm's
+    next() (`EventLog.pipelined`), the host span `sim.engine.pipeline` gives it from its measured
+    start, with the device's queue as the model ran it: what the replay would have logged."""
+    pipe = cost.pipeline("mlx-lm") if log.pipelined else None
+    if pipe is None:
+        for c, n in timed_calls(log):
+            yield c, n, price_call(cost, c)
+        return
+    faults = log.faults if log.faults is not None else [None] * log.call_count
+    calls, outputs = log.calls, {r: q.output_len for r, q in log.requests.items()}
+    returns = logged_returns(pipe, calls, (price_call(cost, c) for c in calls), outputs)
+    for c, n, back in zip(calls, faults, returns):
+        if c.end > c.start:
+            yield c, n, back - c.start
+
+
 def call_ratios(logs: list[EventLog], cost: CostModel) -> list[tuple[str, str, float]]:
     """(kind, size bucket, predicted/measured) for every call of every log."""
-    return [(call_kind(c), size_bucket(c.kind, c.tokens, len(c.rids)), price_call(cost, c) / (c.end - c.start))
-            for log in logs for c, _ in timed_calls(log)]
+    return [(call_kind(c), size_bucket(c.kind, c.tokens, len(c.rids)), p / (c.end - c.start))
+            for log in logs for c, _, p in priced_calls(log, cost)]
 
 
 def residual_table(logs: list[EventLog], cost: CostModel, by_size: bool = True) -> list[dict]:
@@ -97,10 +115,10 @@ def residual_table(logs: list[EventLog], cost: CostModel, by_size: bool = True) 
         faulted: dict[tuple[str, str], list[float]] = {}
         fresh: dict[tuple[str, str], list[tuple[int, float]]] = {}
         for log in counted:
-            for c, n in timed_calls(log):
+            for c, n, p in priced_calls(log, cost):
                 key = (call_kind(c), size_bucket(c.kind, c.tokens, len(c.rids)) if by_size else "all")
                 if n >= FAULTED:
-                    faulted.setdefault(key, []).append(price_call(cost, c) / (c.end - c.start))
+                    faulted.setdefault(key, []).append(p / (c.end - c.start))
                 if row_bytes:
                     fresh.setdefault(key, []).append((c.fresh, n * log.fault_bytes / row_bytes))
         for row in rows:
@@ -128,3 +146,39 @@ def summarize(ratios: list[tuple[str, str, float]], by_size: bool = True) -> lis
                      "ratio_p90": float(np.quantile(a, 0.9)), "ratio_p10": float(np.quantile(a, 0.1)),
                      "abs_error_median": float(np.median(np.abs(a - 1)))})
     return rows
+
+
+STRETCH = 15  # calls in a row whose median sets a stretch apart from its run
+OFF = 0.10  # how far from the run's own pace (the DISTURBED bound of `sim.cost.noise`)
+
+
+def off_stretches(log: EventLog, cost: CostModel, calls: int = STRETCH, off: float = OFF) -> list[dict]:
+    """Where a measured run's calls ran away from the run's own pace (predicted/measured over all its
+    calls' median) by `off` or more, over `calls` calls in a row or more: each stretch's start and
+    end (seconds), calls, median ratio against the run's, and that by call kind. Every kind off
+    alike is the host: a shared VM slows for 20-60 s at a time, which the speed probes around a run
+    do not see, and a run's tails land where it did. One kind off alone is its price."""
+    priced = [(c, p / (c.end - c.start)) for c, _, p in priced_calls(log, cost)]
+    if len(priced) < 2 * calls:
+        return []
+    pace = float(np.median([r for _, r in priced]))
+    rel = np.array([r for _, r in priced]) / pace
+    window = np.median(np.lib.stride_tricks.sliding_window_view(rel, calls), axis=1)  # window i: calls i..i+calls-1
+    out, i = [], 0
+    while i < len(window):
+        if abs(window[i] - 1) < off:
+            i += 1
+            continue
+        j, slow = i, window[i] < 1
+        while j + 1 < len(window) and abs(window[j + 1] - 1) >= off and (window[j + 1] < 1) == slow:
+            j += 1
+        lo, hi = i + calls // 2, j + calls // 2 + 1  # the flagged windows' middle calls
+        part = priced[lo:hi]
+        kinds: dict[str, list[float]] = {}
+        for c, r in part:
+            kinds.setdefault(call_kind(c), []).append(r / pace)
+        out.append({"start_s": part[0][0].start, "end_s": part[-1][0].end, "calls": len(part),
+                    "ratio": float(np.median(rel[lo:hi])),
+                    "by_kind": {k: float(np.median(v)) for k, v in kinds.items()}})
+        i = j + 1
+    return out
