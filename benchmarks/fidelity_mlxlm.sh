@@ -1,8 +1,9 @@
 #!/bin/bash
 # mlx-lm's BatchGenerator: a fresh quick mlx-lm calibration of qwen3-0.6b, then `pdsim confirm
-# --engine mlx-lm` (pipelined, as mlx_lm.server runs it) of three settings (prefill step 32/128/512, prompt concurrency 1/4/4) on a
-# Poisson trace (arrivals spread over ~25 s, prompts 32..256, longer than two of the steps), then
-# the simulator's speed on 10,000 Poisson requests. On a quiet machine: anything else running
+# --engine mlx-lm` (pipelined, as mlx_lm.server runs it) of three settings (prefill step
+# 32/128/512, prompt concurrency 1/4/4) on a Poisson trace (arrivals spread over ~25 s, prompts
+# 32..256, longer than two of the steps) and of two on a gamma workload, then the simulator's
+# speed on 10,000 Poisson requests. On a quiet machine: anything else running
 # slows memory-bound calls by up to 2x. Output under runs/mlxlm/ (not committed).
 set -e
 cd "$(dirname "$0")/.."

@@ -51,7 +51,8 @@ def workloads(max_prompt: int, vocab: int, outputs: int = 12) -> dict[str, list[
                   Workload("mlx-lm-staggered", staggered(6, 11), mlx(32, 4, 4), "mlx-lm")],
         "held_out": [Workload("mlx-lm-spread-held-out", spread(6, 21, 1.5), mlx(40, 2, 3), "mlx-lm"),
                      Workload("mlx-lm-defaults-held-out", staggered(5, 22), mlx(2048, 8, 32), "mlx-lm"),
-                     Workload("mlx-lm-pipelined-held-out", spread(6, 23, 1.5), mlx(40, 2, 3), "mlx-lm", pipelined=True)],
+                     Workload("mlx-lm-pipelined-held-out", spread(6, 23, 1.5), mlx(40, 2, 3), "mlx-lm",
+                              pipelined=True)],
     }
 
 

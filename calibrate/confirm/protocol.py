@@ -130,7 +130,8 @@ def run_all(prof: dict, trace: Trace, settings: list[dict], repeats: int, warmup
             spec = {"model": model_spec(prof), "trace_path": str(trace_path), "setting": s, "warmup": warmup,
                     "warmup_with": warmup_with, "engine": engine, "cost": prof["cost"],  # the prices an auto:MS budget decides by
                     "probe": probe_engine(prof, engine),  # the machine's speed, where the profile prices it
-                    "kv_capacity": device_kv_tokens(prof), "pipelined": pipelined}  # the device's KV limit, the simulator's
+                    "kv_capacity": device_kv_tokens(prof),  # the device's KV limit, the simulator's
+                    "pipelined": pipelined}
             try:
                 run_fresh(spec, out)
             except RunFailed as e:

@@ -9,11 +9,13 @@ length. The generator runs on the default stream, as `mlx_lm.server` passes it.
 Timing. `next()` makes up to three model calls (a generation step, a first forward, a prompt
 call) and pipelines the step's forward into the next `next()`. The model handed to the generator
 (`CallWatch`) reads the clock and notes each call's shape as the call starts, and when the host
-has built and queued it (`mx.async_eval` returned; a prompt call: its graph built). Two ways:
+has built and queued it (`mx.async_eval` returned; a prompt call: its graph built) the clock and
+the thread's CPU time again. Two ways:
 - synchronized (a calibration's engine runs): the stream is synchronized before each model call
   and at the end of every `next()`, so each call is timed on its own, from its start to the next
   one's (or to the end of `next()`), with the host work that follows it; the time before the first
-  is host work between calls. The host's part of each call is measured here (`host_parts`).
+  is host work between calls. The host's part of each kind of call (its CPU time to be queued)
+  and what was left of it when queued are measured here (`EventLog.host_parts`, `queue_tails`).
 - pipelined (`pdsim confirm`, as `mlx_lm.server` runs it): nothing is synchronized, so a call's
   graph is built while the device runs the ones before it, and a step's tokens are returned
   before its own forward has run. Each call's span is host time, from its start to the next
@@ -131,8 +133,8 @@ def run_batch_generator(lm: LoadedModel, trace: Trace, setting: dict, heap: Heap
                         on_call=None, pipelined: bool = False) -> tuple[RealRun, RunCheck, Heap]:
     """Serve `trace` with a fresh BatchGenerator under `setting` (the mlx-lm policy's options) in
     real time, synchronized or `pipelined` (see the module's docstring); the run (pdsim's log,
-    greedy outputs, the host's part of each kind of call: `EventLog.host_parts`), what it found, and the process's heap
-    after it, as the state followed it (the next run's `heap`). `on_call(state, generator)` after every `next()`."""
+    greedy outputs), what it found, and the process's heap after it, as the state followed it
+    (the next run's `heap`). `on_call(state, generator)` after every `next()`."""
     policy = MlxLm(**{k: v for k, v in setting.items() if k != "policy"})
     t0 = time.perf_counter()
     clock = lambda: time.perf_counter() - t0

@@ -101,7 +101,8 @@ def run_workloads(model: dict, loads: list[Workload], folder: Path, progress: bo
         w.trace.save_jsonl(trace, overwrite=True)  # an interrupted run left one: the folder is ours (locked)
         try:
             out = run_fresh({"model": model, "trace_path": str(trace), "setting": w.setting, "warmup": 1,
-                             "engine": w.engine, "probe": w.engine, "pipelined": w.pipelined}, folder / f"{w.name}.json")
+                             "engine": w.engine, "probe": w.engine, "pipelined": w.pipelined},
+                            folder / f"{w.name}.json")
         except RunFailed as e:
             raise UserError(f"engine run {w.name} failed: {e}") from None
         if progress:  # a line, not a bar: these run between the grid's rounds, under its bar
