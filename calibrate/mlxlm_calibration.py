@@ -104,9 +104,9 @@ def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0, group
     train = [logs[r["name"]] for r in engine if r["part"] == "train"]
     fitted = fit_mlx_lm(samples, iteration_of(train), seed)
     trained = [r["log"] for r in engine if r["part"] == "train"]
-    host = host_parts(trained)
+    host = median_by_kind(trained, "host_parts")
     if host:
-        fitted["cost"]["mlx_lm"]["host"], fitted["cost"]["mlx_lm"]["tail"] = host, host_parts(trained, "queue_tails")
+        fitted["cost"]["mlx_lm"]["host"], fitted["cost"]["mlx_lm"]["tail"] = host, median_by_kind(trained, "queue_tails")
     if groups is not None:
         fitted["cost"]["heap_groups"] = groups
     held = [r for r in engine if r["part"] == "held_out"]
@@ -119,11 +119,10 @@ def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0, group
     return fitted
 
 
-def host_parts(logs: list[dict], key: str = "host_parts") -> dict[str, float]:
-    """The host's part of each kind of call (`sim.engine.pipeline`), or with `key` "queue_tails"
-    the device time left of it when it was queued: the median over the runs that measured it
-    (`EventLog.host_parts`; none in runs from before it, whose profiles then price calls one
-    after another)."""
+def median_by_kind(logs: list[dict], key: str) -> dict[str, float]:
+    """A per-kind figure the engine runs measured (`key`: "host_parts" or "queue_tails" of
+    `EventLog`; `sim.engine.pipeline`), the median over the runs that have it (none in runs from
+    before it, whose profiles then price calls one after another)."""
     parts: dict[str, list[float]] = {}
     for log in logs:
         for kind, v in (log.get(key) or {}).items():
