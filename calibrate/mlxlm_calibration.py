@@ -106,7 +106,8 @@ def fitted_profile(samples: list[dict], engine: list[dict], seed: int = 0, group
     trained = [r["log"] for r in engine if r["part"] == "train"]
     host = median_by_kind(trained, "host_parts")
     if host:
-        fitted["cost"]["mlx_lm"]["host"], fitted["cost"]["mlx_lm"]["tail"] = host, median_by_kind(trained, "queue_tails")
+        section = fitted["cost"]["mlx_lm"]
+        section["host"], section["tail"] = host, median_by_kind(trained, "queue_tails")
     if groups is not None:
         fitted["cost"]["heap_groups"] = groups
     held = [r for r in engine if r["part"] == "held_out"]
