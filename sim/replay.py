@@ -110,14 +110,14 @@ def _serve(state: EngineState, policy: Policy, cost: CostModel, steady: bool,
                 t = times[1][-1][-1]
             else:
                 overhead = host  # host work before the iteration's first call
-                for item in work:
+                for k, item in enumerate(work):
                     sync, seconds = call_costs(cost, state, item)
                     if noise is not None:
                         f = noise()
                         sync, seconds = sync * f, seconds * f
                     start, synced, end = t + overhead, t + (overhead + sync), t + (overhead + (sync + seconds))
                     if pipe is not None:
-                        end = pipe.work(item, start, sync + seconds, state.ready)
+                        end = pipe.work(item, start, sync + seconds, state.ready, state.stepped, work[k + 1:])
                     state.apply(item, start, end, synced)
                     t, overhead = end, 0.0
             arrival = state.next_arrival

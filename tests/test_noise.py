@@ -52,6 +52,19 @@ def test_one_disturbed_round_does_not_set_the_tails():
     assert noisy.at(0.5) == pytest.approx(1.0) and noisy.at(1.0) == pytest.approx(1.5)  # not 2.5
 
 
+def test_two_rounds_are_spread_to_a_single_timings_deviation():
+    """With two timings, each lies from their mean by half their difference: a 1.5x stall reads
+    1.2 there, and sqrt(2) times that deviation (1.28) is read; without a stall, nothing moves."""
+    two = [{"step": "decode", "times": t[:2], "seconds": sum(t[:2]) / 2} for t in
+           (p["times"] for p in points(60, stall=(3, 1.5)))]  # rounds 0 and 1 take turns stalling
+    noise = measure(two, SPEEDS[:2])
+    assert noise.at(1.0) == pytest.approx(1 + 2 ** 0.5 * 0.2)
+    assert noise.at(0.0) == pytest.approx(1 - 2 ** 0.5 * 0.2)
+    assert noise.at(0.5) == pytest.approx(1.0)
+    quiet = [{"step": "decode", "times": [0.01 * i, 0.011 * i], "seconds": 0.0105 * i} for i in range(1, 60)]
+    assert measure(quiet, [1.0, 1.1]).quantiles == pytest.approx([1.0] * POINTS)
+
+
 def test_too_few_timings_say_nothing():
     assert measure(points(MIN_CALLS // 3 - 1), SPEEDS) is None
     assert measure([{"step": "decode", "times": [0.1, 0.2], "seconds": 0.15}] * 100, SPEEDS) is None  # rounds differ

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 import policies
 from sim.cost.mlxlm import MlxLmCosts
 from sim.cost.model import LinearCostModel
-from sim.engine.pipeline import Pipeline
+from sim.engine.pipeline import Pipeline, renewed
 from sim.metrics.residuals import call_ratios, priced_calls
 from sim.replay import simulate
 from traces.trace import Request, Trace
@@ -57,6 +57,45 @@ def test_a_step_rows_leave_waits_for_its_own_forward():
     assert back == [1.0, 5.0, 6.0]
 
 
+def test_a_step_after_rows_changed_waits_for_its_own_forward():
+    # its input tokens are a new array (gathered or concatenated), evaluated with its own forward:
+    # the second step returns when that forward ends (5), the third once built (6)
+    pipe, back = Pipeline({"generate": 1.0}), []
+    for fresh in (False, True, False):
+        back.append(pipe.call("generate", back[-1] if back else 0.0, 3.0, renewed=fresh))
+    assert back == [1.0, 5.0, 6.0]
+
+
+@pytest.mark.parametrize("rids, stepped, fresh", [
+    (("a", "b"), (), True),  # the generator's first batch: tokens concatenated onto its empty one
+    (("a", "b"), ("a", "b"), False),  # the same rows: the last step's own tokens
+    (("a",), ("a", "b"), True),  # b left: the filter gathers a's token
+    (("a", "b", "c"), ("a", "b"), True),  # c joined: `extend` concatenates
+    (("a", "c"), ("a", "b"), True),  # both
+    (("c",), ("a", "b"), False),  # every row left, then c joined: its tokens as they are
+])
+def test_which_steps_read_new_tokens(rids, stepped, fresh):
+    assert renewed(rids, stepped) is fresh
+
+
+def test_the_split_before_a_first_forward_lies_in_the_call_before_it():
+    # the step is queued at 1 (device until 3); the split's filters wait for it before the first
+    # forward's model call, where a measured run reads that call's start: the step's span ends at 3
+    pipe = Pipeline({"generate": 1.0, "first": 1.0})
+    assert pipe.call("generate", 0.0, 3.0, split_after=True) == 3.0
+    assert pipe.call("first", 3.0, 3.0) == 4.0 and pipe.device == 6.0
+
+
+@pytest.mark.parametrize("measured, device", [(5.0, 6.0), (2.0, 3.0), (3.0, 4.0)])
+def test_a_measured_return_moves_what_the_device_has_left(measured, device):
+    # queued at 1, the device until 4, back at 3 with its 1 s tail left; a run that came back at
+    # `measured` has that tail left after it, later or sooner
+    pipe = Pipeline({"generate": 1.0}, {"generate": 1.0})
+    assert pipe.call("generate", 0.0, 4.0) == 3.0
+    pipe.returned(3.0, measured)
+    assert pipe.device == device
+
+
 def test_a_first_forward_is_built_when_the_device_is_idle():
     # split off the prompt batch, whose filters wait for the step queued before it (until 3)
     pipe = Pipeline({"generate": 1.0, "first": 1.0})
@@ -78,7 +117,7 @@ def test_a_host_part_above_the_price_is_the_whole_price():
 
 
 calls = st.lists(st.tuples(st.sampled_from(["generate", "first", "prompt"]), st.floats(1e-4, 0.5),
-                           st.floats(0, 0.5), st.booleans()), min_size=1, max_size=30)
+                           st.floats(0, 0.5), st.booleans(), st.booleans()), min_size=1, max_size=30)
 hosts = st.fixed_dictionaries({k: st.floats(0, 0.1) for k in ("generate", "first", "prompt")})
 tails = st.dictionaries(st.sampled_from(["generate", "first"]), st.floats(0, 0.5))
 
@@ -90,9 +129,9 @@ def test_never_later_than_one_call_after_another(seq, host, tail):
     run one after another, never before the host has built the call, and the device runs
     every call's device part, one at a time."""
     pipe, t, synced, device_work = Pipeline(host, tail), 0.0, 0.0, 0.0
-    for kind, seconds, between, leaving in seq:
+    for kind, seconds, between, leaving, fresh in seq:
         t, synced = t + between, synced + between
-        back = pipe.call(kind, t, seconds, leaving)
+        back = pipe.call(kind, t, seconds, leaving, fresh)
         own = min(host[kind], seconds)
         assert back >= t + own - 1e-12
         synced += seconds

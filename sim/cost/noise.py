@@ -11,12 +11,20 @@ round, so each timing over its point's median, after the round's speed (`speed_b
 divided out, is what the call's own luck added; shape and the machine's drift are gone. Each
 round gives its own distribution and the median over rounds is kept: a round another process
 disturbed (factors up to 2.8 where the quiet round's worst was 1.13) does not set the tails
-(with the quick grid's two rounds, their mean: a disturbed round sets half of them). A
-prediction then replays a run several times (`sim.predict`), every call's time multiplied by a
+(with the quick grid's two rounds, their mean: a disturbed round sets half of them).
+
+Two timings of a point say less than each is worth: their median is their mean, so each lies
+from it by half their difference, and a stall of 1.5x reads 1.2. A timing's own deviation from
+its point's typical time is sqrt(2) times that (for independent timings; with three or more the
+median stands in for the typical time within a few percent at the tails). So two-round ratios
+are spread by sqrt(2) about 1: on a fresh mlx-lm calibration here (three rounds), any two of
+its rounds read p95 1.05, p99 1.09 as they were and 1.08, 1.13-1.15 spread, where all three read
+1.08, 1.17. A prediction then replays a run several times (`sim.predict`), every call's time multiplied by a
 factor drawn from it, and takes each metric's median over the replays.
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from statistics import median
@@ -25,6 +33,8 @@ from typing import Callable, Iterable
 POINTS = 41  # quantiles stored: probabilities 0, 1/40, ..., 1
 MIN_CALLS = 60  # fewer timings than this say too little about a tail
 NOISY = 1.3  # a p95 above this: other work ran in most rounds (quiet calibrations here: 1.14-1.17)
+PAIR = math.sqrt(2)  # two timings' ratios to their mean, spread to a single timing's (the module's docstring)
+FLOOR = 0.05  # no call runs in no time
 DISTURBED = 1.10  # a calibration round this much slower than the others: timed again (quiet ones here: 1.02-1.04)
 
 
@@ -63,8 +73,10 @@ class CallNoise:
 
 def ratios(samples: Iterable[dict], speeds: list[float]) -> list[list[float]]:
     """Each round's timings of the points timed in every round, each over its point's median,
-    with each round's speed divided out."""
+    with each round's speed divided out; with two rounds, spread by `PAIR` about 1 (the module's
+    docstring)."""
     out: list[list[float]] = [[] for _ in speeds]
+    spread = PAIR if len(speeds) == 2 else 1.0
     for smp in samples:
         times = smp.get("times") or ()
         if len(times) != len(speeds) or len(times) < 2:
@@ -73,7 +85,7 @@ def ratios(samples: Iterable[dict], speeds: list[float]) -> list[list[float]]:
         mid = median(own)
         if mid > 0:
             for r, t in enumerate(own):
-                out[r].append(t / mid)
+                out[r].append(max(FLOOR, 1.0 + spread * (t / mid - 1.0)))
     return out
 
 
