@@ -19,7 +19,9 @@ its point's typical time is sqrt(2) times that (for independent timings; with th
 median stands in for the typical time within a few percent at the tails). So two-round ratios
 are spread by sqrt(2) about 1: on a fresh mlx-lm calibration here (three rounds), any two of
 its rounds read p95 1.05, p99 1.09 as they were and 1.08, 1.13-1.15 spread, where all three read
-1.08, 1.17. A prediction then replays a run several times (`sim.predict`), every call's time multiplied by a
+1.08, 1.17.
+
+A prediction then replays a run several times (`sim.predict`), every call's time multiplied by a
 factor drawn from it, and takes each metric's median over the replays.
 """
 from __future__ import annotations

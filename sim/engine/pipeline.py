@@ -11,10 +11,11 @@ forward has run, and a first forward (split off the prompt batch, both sides fil
 only when the device is idle. A step after rows joined or left waits for its own forward too: its
 input tokens are a new array (the last tokens gathered by the filter, or concatenated with the
 joining rows' by `extend`), evaluated with the forward that reads them, and MLX signals an
-evaluation's arrays when all of it has run (a pipelined run's such steps spanned their whole
-price, 1.0-1.3x it, where the model without this rule returned them a tail early: priced 0.75). And `mx.async_eval` itself returns only once few enough of the
-graph's tasks are left to run (MLX bounds the tasks in flight): on this CPU with 82 ms of a
-310-380 ms qwen3-0.6b step left (its `tail`), so its tokens come about when that step ends.
+evaluation's arrays when all of it has run (a fresh calibration's pipelined held-out run priced
+such steps at 0.75 of their spans without this rule, 0.97 with it). And `mx.async_eval` itself
+returns only once few enough of the graph's tasks are left to run (MLX bounds the tasks in
+flight): on this CPU with 82 ms of a 310-380 ms qwen3-0.6b step left (its `tail`), so its tokens
+come about when that step ends.
 
 So a call's time splits in two: the host's part (building the graph: Python and, on a GPU,
 encoding its kernels; measured as the thread's CPU time, which waits do not take) and the
