@@ -136,7 +136,8 @@ def test_a_mixed_forward_pays_the_prefills_tile_remainder_so_aligned_forwards_th
     assert truth.mixed([32], [0]) == pytest.approx(0.3 + 7e-3 * 32 + 9e-6 * 32 * 16 + 9e-3)  # aligned: no remainder
     assert truth.mixed([30], [0]) == pytest.approx(0.3 + 7e-3 * 30 + 9e-6 * 30 * 15 + 9e-3 + 4e-3 * 14 + 2e-4 * 30)
     rng = random.Random(2)
-    pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 0} for L in (8, 16, 32, 64, 128) for P in (0, 256, 700)]
+    pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 0} for L in (8, 16, 32, 64, 128)
+           for P in (0, 256, 700)]
     pre += [{"step": "prefill", "chunk": rng.randrange(9, 128), "prefix": rng.choice((0, 300)), "written": 0}
             for _ in range(24)]
     mixed = [{"step": "mixed", "chunks": [1] * d + [n], "prefixes": [c] * d + [0], "written": 0}

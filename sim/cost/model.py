@@ -33,9 +33,9 @@ from sim.engine.pipeline import Pipeline
 
 FEW_ROWS = 16  # an uncalibrated mixed forward of this many tokens or fewer is priced at least as a decode
 MIXED_FORM = ("dense(T) + rows*e + sum over rows of c*n*(prefix + n/2) + d*prefix, T the call's tokens, n a row's "
-              "tokens (a decode row: 1 after its context); dense(T) = a + b*T or the measured curve, plus the prefill's "
-              "remainder at T if `tiled`; uncalibrated, the prefill dense part at T (at least the decode's up to 16 "
-              "tokens), each prompt row's prefill attention and each decode row's decode attention")
+              "tokens (a decode row: 1 after its context); dense(T) = a + b*T or the measured curve, plus the "
+              "prefill's remainder at T if `tiled`; uncalibrated, the prefill dense part at T (at least the "
+              "decode's up to 16 tokens), each prompt row's prefill attention and each decode row's decode attention")
 PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
                 "plus r0 + r1*(L mod tile) + r2*L when L is not a multiple of the tile; plus copy*written")
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
