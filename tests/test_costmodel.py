@@ -3,12 +3,14 @@ import json
 import mmap
 import random
 import statistics
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 from calibrate.fit.copies import fit_copies
+from calibrate.fit.mixed import fit_mixed
 from calibrate.fit.pdsim import fit_form, fit_profile
 from calibrate.measure.speed_probe import ALLOC_METHOD, dear_page_seconds, page_price
 from sim.cost.copies import is_gather, kv_copies
@@ -121,6 +123,42 @@ def test_fit_recovers_a_tile_remainder_kv_copies_and_joins():
     assert fitted["cost"]["join"][0] == pytest.approx(0.03, rel=1e-3)
     assert fitted["cost"]["leave"][0] == pytest.approx(0.02, rel=1e-3)
     assert max(e["cv_form_mean"] for e in fitted["fit"]["errors"].values()) < 1e-3
+
+
+def test_a_mixed_forward_pays_the_prefills_tile_remainder_so_aligned_forwards_the_grid_lacks_are_priced():
+    """vLLM's forward runs its T rows through the kernels a prefill chunk of T rows runs. The grid's
+    mixed forwards are all unaligned (budgets' remainders); one that fills a 32-token budget is
+    aligned. With the prefill fit's remainder known, the mixed fit prices the aligned forward as
+    the kernels run it; fitted without it, a form through unaligned forwards misprices it."""
+    truth = LinearCostModel((0.0, 0.0, 8e-6, 2e-5), (0.0, 0.0, 4e-6), prefill_dense=TRUTH.prefill_dense,
+                            decode_dense=TRUTH.decode_dense, prefill_tile=16, prefill_rem=(0.0, 4e-3, 2e-4),
+                            mixed_coef=(0.3, 7e-3, 9e-6, 2.5e-5, 9e-3), mixed_tiled=True)
+    assert truth.mixed([32], [0]) == pytest.approx(0.3 + 7e-3 * 32 + 9e-6 * 32 * 16 + 9e-3)  # aligned: no remainder
+    assert truth.mixed([30], [0]) == pytest.approx(0.3 + 7e-3 * 30 + 9e-6 * 30 * 15 + 9e-3 + 4e-3 * 14 + 2e-4 * 30)
+    rng = random.Random(2)
+    pre = [{"step": "prefill", "chunk": L, "prefix": P, "written": 0} for L in (8, 16, 32, 64, 128)
+           for P in (0, 256, 700)]
+    pre += [{"step": "prefill", "chunk": rng.randrange(9, 128), "prefix": rng.choice((0, 300)), "written": 0}
+            for _ in range(24)]
+    mixed = [{"step": "mixed", "chunks": [1] * d + [n], "prefixes": [c] * d + [0], "written": 0}
+             for d in (0, 1, 4) for c in (200, 600) for n in (24, 77, 163, 211)]
+    assert all(sum(m["chunks"]) % 16 for m in mixed)  # the grid's forwards: every one unaligned
+    for x in pre:
+        x["seconds"] = truth.prefill(x["chunk"], x["prefix"])
+    for x in mixed:
+        x["seconds"] = truth.mixed(x["chunks"], x["prefixes"])
+    dec = [{"step": "decode", "batch": b, "context_max": c, "written": 0} for b in (1, 2, 4, 8) for c in (64, 300, 900)]
+    for x in dec:
+        x["seconds"] = truth.decode([x["context_max"]] * x["batch"])
+    cost = fit_profile(pre + dec + mixed)["cost"]
+    assert cost["prefill"]["tile"] == 16 and cost["mixed"]["tiled"] is True
+    fitted = replace(truth, prefill_rem=tuple(cost["prefill"]["remainder"]), mixed_coef=tuple(cost["mixed"]["coef"]))
+    for rows, prefixes in (([32], [0]), ([1, 1, 30], [120, 90, 64]), ([1, 1, 1, 1], [50, 60, 70, 80])):
+        assert fitted.mixed(rows, prefixes) == pytest.approx(truth.mixed(rows, prefixes), rel=1e-3)
+    plain = fit_mixed(mixed, [], truth)["cost"]  # no tile known
+    untiled = replace(truth, mixed_coef=tuple(plain["coef"]), mixed_dense=Curve.from_pairs(plain.get("dense")),
+                      mixed_tiled=False)
+    assert abs(untiled.mixed([32], [0]) / truth.mixed([32], [0]) - 1) > 0.03
 
 
 def test_a_leaves_gather_is_priced_apart_and_one_stalled_sync_sets_no_price():

@@ -323,7 +323,7 @@ def fit_profile(samples: list[dict], seed: int = 0, page: float | None = None) -
     fit |= noise_of(samples, fit["speed_by_round"])
     if held_runs:
         fit["replay"] = replay_errors(held_runs, forms)
-    if fused := fit_mixed(*mixed, copies, seed):  # vLLM's forwards (`calibrate.fit.mixed`)
+    if fused := fit_mixed(*mixed, copies, seed, (pf.tile, tuple(pf.rem))):  # vLLM's forwards (`calibrate.fit.mixed`)
         cost["mixed"], errors["mixed"] = fused["cost"], fused["errors"]
         fit.setdefault("replay", {})["mixed"] = fused.get("replay")
     return {"cost": cost, "fit": fit}

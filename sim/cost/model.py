@@ -1,16 +1,15 @@
 """Cost models: how long each engine call takes, in seconds, from its shape alone.
 
-The forms are physically motivated. A prefill chunk of L tokens at a cache offset P pays the
-dense layers for L rows, dense(L), attention over the prefix and its own causal triangle,
-c*L*(P + L/2), and one read of the prefix's KV cache, d*P. A decode step pays the dense layers
-for its batch, dense(batch), and attention over the batch cache, whose rows are left-padded to the
-longest context (mlx-lm's BatchKVCache): every row pays max(context), measured 0.996 s for
-contexts 128/256/512/1024 against 0.995 s for four rows of 1024 on Qwen3-0.6B. A row's attention
-is c per token up to a knot and e per token beyond it: a kernel's cost per token changes with row
-length (OpenBLAS on this CPU threads the attention products only from ~1,000 tokens, and beyond
-that a token costs half as much; measured on Qwen3-1.7B). A profile without a knot has one slope.
-A decode of one request may have its own slope, `lone` per token: it runs without the batch
-cache's mask and padding, and costs about twice a batch row per token here.
+The forms are physically motivated. A prefill chunk of L tokens at a cache offset P pays the dense layers for
+L rows, dense(L), attention over the prefix and its own causal triangle, c*L*(P + L/2), and one read of the
+prefix's KV cache, d*P. A decode step pays the dense layers for its batch, dense(batch), and attention over
+the batch cache, whose rows are left-padded to the longest context (mlx-lm's BatchKVCache): every row pays
+max(context), measured 0.996 s for contexts 128/256/512/1024 against 0.995 s for four rows of 1024 on
+Qwen3-0.6B. A row's attention is c per token up to a knot and e per token beyond it: a kernel's cost per token
+changes with row length (OpenBLAS on this CPU threads the attention products only from ~1,000 tokens, and
+beyond that a token costs half as much; measured on Qwen3-1.7B). A profile without a knot has one slope. A
+decode of one request may have its own slope, `lone` per token: it runs without the batch cache's mask and
+padding, and costs about twice a batch row per token here.
 
 dense(n) is a + b*n, or, when a profile gives measured sizes, a `Curve` through them: the BLAS
 picks its kernel by shape, so at small sizes the cost is far from linear (Qwen3-0.6B on this CPU:
@@ -34,9 +33,9 @@ from sim.engine.pipeline import Pipeline
 
 FEW_ROWS = 16  # an uncalibrated mixed forward of this many tokens or fewer is priced at least as a decode
 MIXED_FORM = ("dense(T) + rows*e + sum over rows of c*n*(prefix + n/2) + d*prefix, T the call's tokens, n a row's "
-              "tokens (a decode row: 1 after its context); dense(T) = a + b*T or the measured curve; without a "
-              "calibration of mixed forwards, the prefill dense part at T (at least the decode's up to 16 "
-              "tokens), each prompt row's prefill attention and each decode row's decode attention")
+              "tokens (a decode row: 1 after its context); dense(T) = a + b*T or the measured curve, plus the "
+              "prefill's remainder at T if `tiled`; uncalibrated, the prefill dense part at T (at least the "
+              "decode's up to 16 tokens), each prompt row's prefill attention and each decode row's decode attention")
 PREFILL_FORM = ("dense(L) + c*L*(prefix + L/2) + d*prefix; dense(L) = a + b*L or the measured curve, "
                 "plus r0 + r1*(L mod tile) + r2*L when L is not a multiple of the tile; plus copy*written")
 DECODE_FORM = ("dense(batch) + batch*attn(max(context)); attn(x) = c*min(x, knot) + e*max(0, x - knot); "
@@ -132,6 +131,7 @@ class LinearCostModel:
     prefill_rem: tuple[float, ...] = (0.0, 0.0)  # their cost: once if any, per such row[, per row of the chunk]
     mixed_coef: tuple[float, ...] | None = None  # a, b, c, d, e of `MIXED_FORM` (None: not calibrated)
     mixed_dense: Curve | None = None  # measured dense(T) of mixed forwards; replaces a + b*T
+    mixed_tiled: bool = False  # dense(T) pays the prefill's tile remainder (the same kernels over T rows)
     mlx: MlxLmCosts | None = None  # mlx-lm's calls, when calibrated (else priced by the forms above)
     pdsim_forms: bool = True  # False: a profile of mlx-lm's calls only, which cannot price pdsim's engine
     memory: MemoryModel | None = None  # the profile's peak-memory model (`sim.engine.memory`), if it has one
@@ -183,6 +183,7 @@ class LinearCostModel:
                                for n, p in zip(chunks, prefixes))
         a, b, c, d, e = self.mixed_coef
         dense = self.mixed_dense(total) if self.mixed_dense else a + b * total
+        dense += remainder_cost(total, self.prefill_tile, self.prefill_rem) if self.mixed_tiled else 0.0
         return dense + e * len(chunks) + sum(c * n * (p + n / 2) + d * p for n, p in zip(chunks, prefixes))
 
     def generate_steps(self, contexts: Sequence[int], steps: int) -> np.ndarray:
@@ -233,8 +234,7 @@ class LinearCostModel:
     def decode(self, contexts: Sequence[int], single: bool = False) -> float:
         if single:  # one call per request, each on its own cache
             return float(sum(self.dense_decode(1) + self.attention(1, c, True) for c in contexts))
-        n = len(contexts)
-        return float(self.dense_decode(n) + self.attention(n, max(contexts)))
+        return float(self.dense_decode(len(contexts)) + self.attention(len(contexts), max(contexts)))
 
     def decode_steps(self, contexts: Sequence[int], steps: int, single: bool = False) -> np.ndarray:
         if single:

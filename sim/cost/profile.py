@@ -55,7 +55,8 @@ def cost_model(prof: dict) -> LinearCostModel | GridCostModel:
                           kv_bytes=kv_bytes, kv_capacity=capacity, state_tokens=states,
                           heap_groups=int(c.get("heap_groups", GROUPS)),
                           mixed_coef=tuple(map(float, c["mixed"]["coef"])) if "mixed" in c else None,
-                          mixed_dense=Curve.from_pairs(c["mixed"].get("dense")) if "mixed" in c else None)
+                          mixed_dense=Curve.from_pairs(c["mixed"].get("dense")) if "mixed" in c else None,
+                          mixed_tiled=bool(c.get("mixed", {}).get("tiled")))
     grid = {step: c[step].get("use", c.get("use", "fit")) == "grid" for step in ("prefill", "decode")}
     if any(grid.values()):
         return GridCostModel(lin, np.asarray(c["prefill"]["grid"], float), np.asarray(c["decode"]["grid"], float),

@@ -130,6 +130,8 @@ def check_cost(w: Where, cost: dict) -> None:
         numbers(w, mixed.get("coef"), "cost.mixed.coef", (5,))
         if "dense" in mixed:
             curve(w, mixed["dense"], "cost.mixed.dense")
+        if "tiled" in mixed and not isinstance(mixed["tiled"], bool):
+            raise w.fail("cost.mixed.tiled", "must be true or false")
     if "mlx_lm" in cost:
         check_mlx_lm(w, obj(w, cost["mlx_lm"], "cost.mlx_lm"))
         if "prefill" not in cost and "decode" not in cost:  # a profile of mlx-lm's BatchGenerator only
