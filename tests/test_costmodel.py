@@ -152,13 +152,17 @@ def test_a_mixed_forward_pays_the_prefills_tile_remainder_so_aligned_forwards_th
         x["seconds"] = truth.decode([x["context_max"]] * x["batch"])
     cost = fit_profile(pre + dec + mixed)["cost"]
     assert cost["prefill"]["tile"] == 16 and cost["mixed"]["tiled"] is True
-    fitted = replace(truth, prefill_rem=tuple(cost["prefill"]["remainder"]), mixed_coef=tuple(cost["mixed"]["coef"]))
+    fitted = replace(truth, prefill_rem=tuple(cost["prefill"]["remainder"]), mixed_coef=tuple(cost["mixed"]["coef"]),
+                     mixed_dense=Curve.from_pairs(cost["mixed"].get("dense")))
     for rows, prefixes in (([32], [0]), ([1, 1, 30], [120, 90, 64]), ([1, 1, 1, 1], [50, 60, 70, 80])):
         assert fitted.mixed(rows, prefixes) == pytest.approx(truth.mixed(rows, prefixes), rel=1e-3)
     plain = fit_mixed(mixed, [], truth)["cost"]  # no tile known
     untiled = replace(truth, mixed_coef=tuple(plain["coef"]), mixed_dense=Curve.from_pairs(plain.get("dense")),
                       mixed_tiled=False)
     assert abs(untiled.mixed([32], [0]) / truth.mixed([32], [0]) - 1) > 0.03
+    prof = load_profile(BUILTIN)  # a profile's `tiled` reaches the cost model
+    prof["cost"]["mixed"] = cost["mixed"]
+    assert getattr(cost_model(prof), "linear", cost_model(prof)).mixed_tiled is True
 
 
 def test_a_leaves_gather_is_priced_apart_and_one_stalled_sync_sets_no_price():
