@@ -13,7 +13,7 @@ forwards are all unaligned (as budgets' remainders are) while a forward that fil
 is aligned, so the prefill fit's tile remainder (`sim.cost.curve.remainder_cost`, fitted on
 aligned and unaligned chunks) is taken as known: dense(T) is fitted without it and the price adds
 it back. On calibration E, vllm t32's forwards read 1.08 and 1.13 of their measured times
-without it, 1.04 and 1.09 with it; t512's (whole prompts) 1.01 either way.
+without it, 1.05 and 1.10 with it (its own samples refit); t512's (whole prompts) 1.01 either way.
 """
 from __future__ import annotations
 
