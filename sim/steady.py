@@ -164,9 +164,7 @@ def steady_times(cost: CostModel, state: EngineState, work: list[Work], steps: i
         if isinstance(w, Generate):
             costs = cost.generate_steps([state.ready[rid].context for rid in w.rids], steps).tolist()
         elif isinstance(w, Mixed):
-            _, prefixes, _ = state.mixed_shape(w)
-            ones = (1,) * len(prefixes)
-            costs = [cost.mixed(ones, [p + j for p in prefixes]) for j in range(steps)]
+            costs = cost.mixed_steps(state.mixed_shape(w)[1], steps).tolist()
         elif isinstance(w, Prefill):
             costs = cost.prefill_steps(w.tokens, state.queued[w.rid].prefilled, steps).tolist()
         else:

@@ -19,7 +19,7 @@ from sim.cost.model import LinearCostModel
 from sim.cost.profile import BUILTIN, cost_model, load_profile
 from sim.cost.fields import ProfileError
 from sim.cost.price import price
-from sim.cost.speed import MachineSpeed
+from sim.cost.speed import AtSpeed, MachineSpeed
 
 
 def test_curve_interpolates_between_sizes_is_flat_below_and_never_falls_beyond():
@@ -39,6 +39,11 @@ def test_stretch_costs_are_the_per_call_costs(chunk, prefix, steps, knot, lone):
     assert m.prefill_steps(chunk, prefix, steps).tolist() == [m.prefill(chunk, prefix + j * chunk) for j in range(steps)]
     for ctx in ([prefix + 1, prefix // 2 + 1], [prefix + 1]):
         assert m.decode_steps(ctx, steps).tolist() == [m.decode([c + j for c in ctx]) for j in range(steps)]
+        calibrated = replace(m, mixed_coef=(1e-3, 2e-5, 3e-8, 4e-6, 5e-4), mixed_dense=Curve((2, 64), (0.3, 0.9)),
+                             mixed_tiled=True, prefill_tile=8, prefill_rem=(1e-3, 2e-4))
+        for mixed in (m, calibrated, AtSpeed(calibrated, MachineSpeed(1.1, 0.9))):  # vLLM's decode-only forwards
+            assert mixed.mixed_steps(ctx, steps).tolist() == [mixed.mixed([1] * len(ctx), [c + j for c in ctx])
+                                                              for j in range(steps)]
 
 
 def _samples(truth: LinearCostModel, noise: float = 0.0) -> list[dict]:
@@ -439,7 +444,7 @@ def test_decode_slopes_in_a_profile(tmp_path):
 
 def test_grid_model_falls_back_to_the_whole_form_outside_its_grid():
     """Outside the measured grid the grid model uses the form, measured dense curve included."""
-    from sim.cost.model import GridCostModel
+    from sim.cost.grid import GridCostModel
     pts = np.array([[b, m, TRUTH.decode([m] * b)] for b in (1, 2) for m in (16, 64)])
     grid = GridCostModel(TRUTH, np.array([[8, 0, 1.0], [16, 0, 2.0], [8, 64, 1.5]]), pts)
     assert grid.decode([32, 32]) == pytest.approx(TRUTH.decode([32, 32]))  # inside: interpolated

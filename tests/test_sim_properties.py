@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 import policies
 from sim.cost.curve import Curve
-from sim.cost.model import GridCostModel, LinearCostModel
+from sim.cost.grid import GridCostModel
+from sim.cost.model import LinearCostModel
 from sim.engine.log import EventLog
 from sim.metrics.scoring import inter_token_gaps
 from sim.cost.noise import CallNoise

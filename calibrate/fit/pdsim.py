@@ -25,7 +25,8 @@ from calibrate.fit.copies import (Copies, copy_terms, fit_copies, fit_copy, is_s
 from calibrate.fit.mixed import fit_mixed
 from sim.core.errors import InputError
 from sim.cost.curve import Curve
-from sim.cost.model import DECODE_FORM, PREFILL_FORM, GridCostModel, LinearCostModel
+from sim.cost.grid import GridCostModel
+from sim.cost.model import DECODE_FORM, PREFILL_FORM, LinearCostModel
 from sim.metrics.residuals import summarize
 
 

@@ -109,14 +109,18 @@ def key_of(p: dict) -> str:
 # all three 22 -> 22.
 # `pdsim calibrate --add-rounds` times more rounds.
 # vLLM's forwards: 0, 1 and 4 decode rows beside prompt rows of 24-211 tokens (unaligned, as a
-# budget's remainders are), 19 points of 0.2-2 s here.
+# budget's remainders are), 19 points of 0.2-2 s here; and four aligned ones (T = 32 and 64, one to
+# four rows, prompt rows after a prefix), as a small budget's forwards are: they fill the budget.
+# Without them the fit took the aligned price from the prefill's tile remainder alone, and priced
+# calibration G's 32-token forwards at 1.07 of their measured time (its 128- and 512-token ones 1.03).
+ALIGNED = [[0, 0, 32, 32], [1, 200, 31, 0], [3, 200, 29, 64], [1, 200, 63, 0]]
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],
                                               [777] * 3, [100] * 5, [333] * 6, [555] * 7],
              repeats=2, warmup=1, odd_chunks=spread(3, 250, 14) + [24, 56, 104], singles=[100, 333, 777],
              offset_chunk_max=64, prompt_max=256, odd_prompts=spread(257, 511, 2),
              fused=[[b, c, n, p] for b, c in ((0, 0), (1, 200), (4, 200), (4, 600))
-                    for n, p in ((0, 0), (24, 0), (77, 300), (160, 0), (211, 0)) if b or n])
+                    for n, p in ((0, 0), (24, 0), (77, 300), (160, 0), (211, 0)) if b or n] + ALIGNED)
 FULL = Grid(chunks=[8, 16, 32, 64, 128, 256, 512], offsets=[0, 128, 250, 262, 1024, 2048],
             batches=list(range(1, 17)), contexts=[64, 256, 1024, 2048],
             mixed=[[64, 2048], [128, 256, 512, 1024], [32] * 7 + [2048], [256, 1024, 1024, 2048, 64, 64]],
@@ -130,7 +134,7 @@ QUICK_GPU = Grid(chunks=[8, 16, 32, 64, 128, 256, 512, 1024], offsets=[0, 256, 1
                  repeats=3, warmup=1, odd_chunks=spread(3, 1000, 16) + [24, 56, 104, 300, 700],
                  singles=[128, 512, 1400], offset_chunk_max=256, prompt_max=1024, odd_prompts=spread(257, 1023, 3),
                  fused=[[b, c, n, p] for b, c in ((0, 0), (1, 200), (4, 600), (16, 600), (64, 1400))
-                        for n, p in ((0, 0), (24, 0), (77, 300), (211, 0), (700, 0), (1024, 0)) if b or n])
+                        for n, p in ((0, 0), (24, 0), (77, 300), (211, 0), (700, 0), (1024, 0)) if b or n] + ALIGNED)
 # For qwen3-tiny in tests: the same structure, small and fast.
 TINY = Grid(chunks=[4, 8, 16, 32], offsets=[0, 16, 48], batches=[1, 2, 3, 4], contexts=[16, 64],
             mixed=[[8, 64]], repeats=3, warmup=1, odd_chunks=spread(3, 30, 4),

@@ -12,7 +12,8 @@ import numpy as np
 from sim.cost.curve import Curve
 from sim.cost.fields import ProfileError
 from sim.cost.mlxlm import mlx_lm_costs
-from sim.cost.model import GridCostModel, LinearCostModel
+from sim.cost.grid import GridCostModel
+from sim.cost.model import LinearCostModel
 from sim.cost.schema import read_profile
 from sim.engine.heap import GROUPS
 from sim.engine.memory import device_kv_tokens, memory_model, profile_kv_bytes, profile_state_tokens

@@ -153,3 +153,6 @@ class AtSpeed:
         """At the prefill speed where a prompt rides in it (arithmetic-bound), else the decode speed."""
         speed = self.speed.prefill if sum(chunks) > len(chunks) else self.speed.decode
         return self.cost.mixed(chunks, prefixes) / speed
+
+    def mixed_steps(self, prefixes: Sequence[int], steps: int) -> np.ndarray:
+        return self.cost.mixed_steps(prefixes, steps) / self.speed.decode  # decode rows only
