@@ -14,7 +14,7 @@ is aligned, so the prefill fit's tile remainder (`sim.cost.curve.remainder_cost`
 aligned and unaligned chunks) is taken as known: dense(T) is fitted without it and the price adds
 it back. On calibration E, vllm t32's forwards read 1.08 and 1.13 of their measured times
 without it, 1.05 and 1.10 with it (its own samples refit); t512's (whole prompts) 1.01 either way.
-The quick grids now time four aligned forwards too (`calibrate.measure.grid`), which the fit sees.
+The quick grids also time aligned forwards (`calibrate.measure.grid.ALIGNED`), which the fit sees.
 """
 from __future__ import annotations
 
