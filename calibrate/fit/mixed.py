@@ -8,12 +8,13 @@ through the measured T (a BLAS's kernels are far from linear at small sizes). Ca
 engine runs are only priced (`replay`): predicted/measured by call size.
 
 The projections and MLP run one matrix product over the forward's T rows, the kernels a prefill
-chunk of T rows runs: rows beyond a multiple of the BLAS's tile run slower ones. The grid's mixed
-forwards are all unaligned (as budgets' remainders are) while a forward that fills a budget of 32
+chunk of T rows runs: rows beyond a multiple of the BLAS's tile run slower ones. Most of the grid's
+mixed forwards are unaligned (as budgets' remainders are) while a forward that fills a budget of 32
 is aligned, so the prefill fit's tile remainder (`sim.cost.curve.remainder_cost`, fitted on
 aligned and unaligned chunks) is taken as known: dense(T) is fitted without it and the price adds
 it back. On calibration E, vllm t32's forwards read 1.08 and 1.13 of their measured times
 without it, 1.05 and 1.10 with it (its own samples refit); t512's (whole prompts) 1.01 either way.
+The quick grids also time aligned forwards (`calibrate.measure.grid.ALIGNED`), which the fit sees.
 """
 from __future__ import annotations
 

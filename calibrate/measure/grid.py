@@ -109,11 +109,14 @@ def key_of(p: dict) -> str:
 # all three 22 -> 22.
 # `pdsim calibrate --add-rounds` times more rounds.
 # vLLM's forwards: 0, 1 and 4 decode rows beside prompt rows of 24-211 tokens (unaligned, as a
-# budget's remainders are), 19 points of 0.2-2 s here; and four aligned ones (T = 32 and 64, one to
-# four rows, prompt rows after a prefix), as a small budget's forwards are: they fill the budget.
-# Without them the fit took the aligned price from the prefill's tile remainder alone, and priced
-# calibration G's 32-token forwards at 1.07 of their measured time (its 128- and 512-token ones 1.03).
-ALIGNED = [[0, 0, 32, 32], [1, 200, 31, 0], [3, 200, 29, 64], [1, 200, 63, 0]]
+# budget's remainders are), 19 points of 0.2-2 s here; and six aligned ones, as a budget's forwards
+# are where prompts wait (they fill it): T = 32 and 64 (one to four rows, prompt rows after a
+# prefix) and T = 384 and 512. Without the small ones the fit took the aligned price from the
+# prefill's tile remainder alone: calibration G priced its 32-token forwards at 1.07 of their
+# measured time (H and I, with them: 1.03-1.04). Without the large ones the longest was 215 tokens,
+# and calibration J's curve through the grid went flat beyond it: a 512-token forward priced 2.58 s
+# that ran 4.24-4.71 (H's and I's line: 4.67). The large two cost about 25 s a calibration.
+ALIGNED = [[0, 0, 32, 32], [1, 200, 31, 0], [3, 200, 29, 64], [1, 200, 63, 0], [1, 200, 383, 0], [3, 200, 509, 0]]
 QUICK = Grid(chunks=[8, 16, 32, 64, 128, 256, 384], offsets=[0, 250, 700], batches=[1, 2, 4, 8],
              contexts=[100, 333, 777], mixed=[[64, 1000], [128, 256, 512, 1000], [96, 96, 96, 96, 900, 900],
                                               [777] * 3, [100] * 5, [333] * 6, [555] * 7],
