@@ -113,7 +113,7 @@ def key_of(p: dict) -> str:
 # are where prompts wait (they fill it): T = 32 and 64 (one to four rows, prompt rows after a
 # prefix) and T = 384 and 512. Without the small ones the fit took the aligned price from the
 # prefill's tile remainder alone: calibration G priced its 32-token forwards at 1.07 of their
-# measured time (H and I, with them: 1.03-1.04). Without the large ones the longest was 215 tokens,
+# measured time (H, I and J, with them: 0.97-1.04). Without the large ones the longest was 215 tokens,
 # and calibration J's curve through the grid went flat beyond it: a 512-token forward priced 2.58 s
 # that ran 4.24-4.71 (H's and I's line: 4.67). The large two cost about 25 s a calibration.
 ALIGNED = [[0, 0, 32, 32], [1, 200, 31, 0], [3, 200, 29, 64], [1, 200, 63, 0], [1, 200, 383, 0], [3, 200, 509, 0]]
